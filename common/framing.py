@@ -1,0 +1,254 @@
+"""The framed TCP protocol of the bulk data path.
+
+Chunk reads, writes, truncation and chain forwarding travel here rather than
+on gRPC (see docs/protocol.md for why and for the byte layout). Both storage
+servers and the client import this module; nothing else frames data.
+
+A frame is a fixed 24-byte header, a meta section (a small protobuf message
+from ``data.proto``), a table of CRC32C values (one per ``block_size`` bytes
+of data) and the data itself::
+
+    magic u32 | version u8 | op u8 | status u16 | meta_len u32 | data_len u32
+    | block_size u32 | header_crc u32          (little-endian)
+
+Senders use ``os.sendfile`` (from a chunk file) or one ``sendall`` per buffer;
+receivers ``recv_into`` a preallocated buffer and verify every block's CRC.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+import crc32c
+
+MAGIC = 0x46424D45  # b"EMBF" little-endian
+VERSION = 1
+HEADER = struct.Struct("<IBBHIIII")
+HEADER_SIZE = HEADER.size  # 24
+_HEADER_BODY = struct.Struct("<IBBHIII")
+
+MAX_META = 64 * 1024
+MAX_DATA = 64 * 1024 * 1024
+MIN_BLOCK = 4 * 1024
+DEFAULT_BLOCK = 64 * 1024
+RESPONSE = 0x80
+
+
+class Op(enum.IntEnum):
+    READ = 1
+    WRITE = 2
+    TRUNCATE = 3
+    PING = 4
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    NOT_FOUND = 1  # the chunk does not exist on this target
+    STALE_CHAIN = 2  # the sender's chain version is not the receiver's: refresh routing
+    NOT_COMMITTED = 3  # this replica holds a pending version: read another replica or the tail
+    CHECKSUM = 4  # a block's CRC32C did not match
+    BAD_REQUEST = 5  # malformed or out-of-range request
+    NOT_SERVING = 6  # the target cannot serve this (not in the chain, not serving, not head)
+    INTERNAL = 7
+    BUSY = 8  # too many requests in flight; retry later
+
+
+RETRYABLE = frozenset(
+    {Status.STALE_CHAIN, Status.NOT_COMMITTED, Status.CHECKSUM, Status.NOT_SERVING, Status.BUSY}
+)
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a valid frame (or stopped mid-frame)."""
+
+
+class ChecksumError(FrameError):
+    def __init__(self, block: int):
+        super().__init__(f"CRC32C mismatch in block {block}")
+        self.block = block
+
+
+@dataclass(slots=True)
+class Header:
+    op: int
+    status: int
+    meta_len: int
+    data_len: int
+    block_size: int
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.op & RESPONSE)
+
+    @property
+    def n_blocks(self) -> int:
+        return n_blocks(self.data_len, self.block_size)
+
+
+def n_blocks(data_len: int, block_size: int) -> int:
+    if data_len == 0:
+        return 0
+    return (data_len + block_size - 1) // block_size
+
+
+def block_crcs(data, block_size: int = DEFAULT_BLOCK) -> list[int]:
+    """CRC32C of each ``block_size`` slice of ``data`` (the last may be short)."""
+    mv = memoryview(data).cast("B")
+    return [crc32c.crc32c(mv[i : i + block_size]) for i in range(0, len(mv), block_size)]
+
+
+def verify(data, crcs, block_size: int) -> None:
+    """Raise :class:`ChecksumError` at the first block whose CRC32C differs."""
+    mv = memoryview(data).cast("B")
+    if len(crcs) != n_blocks(len(mv), block_size):
+        raise FrameError("CRC table does not match the data length")
+    for i, expected in enumerate(crcs):
+        if crc32c.crc32c(mv[i * block_size : (i + 1) * block_size]) != expected:
+            raise ChecksumError(i)
+
+
+def pack_header(op: int, status: int, meta_len: int, data_len: int, block_size: int) -> bytes:
+    body = _HEADER_BODY.pack(MAGIC, VERSION, op, status, meta_len, data_len, block_size)
+    return body + struct.pack("<I", crc32c.crc32c(body))
+
+
+def unpack_header(raw: bytes) -> Header:
+    magic, version, op, status, meta_len, data_len, block_size, hcrc = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {magic:#x}")
+    if crc32c.crc32c(raw[: HEADER_SIZE - 4]) != hcrc:
+        raise FrameError("header checksum mismatch")
+    if version != VERSION:
+        raise FrameError(f"unsupported protocol version {version}")
+    if meta_len > MAX_META:
+        raise FrameError(f"meta section of {meta_len} bytes exceeds {MAX_META}")
+    if data_len > MAX_DATA:
+        raise FrameError(f"data section of {data_len} bytes exceeds {MAX_DATA}")
+    if data_len and (block_size < MIN_BLOCK or block_size > MAX_DATA):
+        raise FrameError(f"invalid block size {block_size}")
+    return Header(op, status, meta_len, data_len, block_size)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from the socket; FrameError if the peer closes first."""
+    got = 0
+    total = len(view)
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise FrameError(f"connection closed after {got} of {total} bytes")
+        got += n
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    if n:
+        recv_exact_into(sock, memoryview(buf))
+    return buf
+
+
+def _crc_table(crcs) -> bytes:
+    return struct.pack(f"<{len(crcs)}I", *crcs)
+
+
+def send_frame(
+    sock: socket.socket,
+    op: int,
+    meta: bytes = b"",
+    data=None,
+    *,
+    status: int = Status.OK,
+    block_size: int = DEFAULT_BLOCK,
+    crcs: list[int] | None = None,
+) -> None:
+    """Send one frame. CRCs of ``data`` are computed unless given."""
+    if data is None:
+        data_len, table = 0, b""
+        block_size = 0
+    else:
+        data = memoryview(data).cast("B")
+        data_len = len(data)
+        if crcs is None:
+            crcs = block_crcs(data, block_size)
+        table = _crc_table(crcs)
+    head = pack_header(op, status, len(meta), data_len, block_size) + meta + table
+    if data_len and data_len <= 64 * 1024:
+        sock.sendall(head + bytes(data))
+        return
+    sock.sendall(head)
+    if data_len:
+        sock.sendall(data)
+
+
+def send_file_frame(
+    sock: socket.socket,
+    op: int,
+    meta: bytes,
+    fd: int,
+    offset: int,
+    length: int,
+    crcs: list[int],
+    block_size: int,
+) -> None:
+    """Send a frame whose data comes straight from a file with ``os.sendfile``."""
+    head = pack_header(op, Status.OK, len(meta), length, block_size) + meta + _crc_table(crcs)
+    sock.sendall(head)
+    sent = 0
+    while sent < length:
+        n = os.sendfile(sock.fileno(), fd, offset + sent, length - sent)
+        if n == 0:
+            raise FrameError("file ended before the frame was sent")
+        sent += n
+
+
+def send_error(sock: socket.socket, op: int, status: int, message: str, **fields) -> None:
+    from emberfs.proto import data_pb2
+
+    err = data_pb2.ErrorResponse(code=int(status), message=message[:1000], **fields)
+    send_frame(sock, op | RESPONSE, err.SerializeToString(), status=status)
+
+
+@dataclass(slots=True)
+class Frame:
+    header: Header
+    meta: bytes
+    crcs: tuple[int, ...]
+    data: memoryview | None
+
+
+def recv_frame(sock: socket.socket, into: memoryview | None = None, *, check: bool = True) -> Frame:
+    """Receive one frame, its data ``recv_into`` ``into`` when given (else a new buffer).
+
+    With ``check`` every block's CRC32C is verified (:class:`ChecksumError`).
+    Raises FrameError on a malformed frame or a peer that stops mid-frame, and
+    ``socket.timeout`` when the socket's timeout expires.
+    """
+    header = unpack_header(bytes(recv_exact(sock, HEADER_SIZE)))
+    meta = bytes(recv_exact(sock, header.meta_len))
+    nb = header.n_blocks
+    crcs: tuple[int, ...] = ()
+    if nb:
+        crcs = struct.unpack(f"<{nb}I", recv_exact(sock, 4 * nb))
+    data = None
+    if header.data_len:
+        if into is not None:
+            if len(into) < header.data_len:
+                raise FrameError(f"{header.data_len} data bytes do not fit the {len(into)}-byte buffer")
+            data = into[: header.data_len]
+        else:
+            data = memoryview(bytearray(header.data_len))
+        recv_exact_into(sock, data)
+        if check:
+            verify(data, crcs, header.block_size)
+    return Frame(header, meta, crcs, data)
+
+
+def status_name(status: int) -> str:
+    try:
+        return Status(status).name
+    except ValueError:
+        return f"STATUS_{status}"

@@ -1,0 +1,8 @@
+"""The installed EmberFS version."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("emberfs")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0"

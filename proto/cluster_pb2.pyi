@@ -1,0 +1,124 @@
+from emberfs.proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TargetReport(_message.Message):
+    __slots__ = ("target_id", "capacity", "used", "chunks")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    target_id: int
+    capacity: int
+    used: int
+    chunks: int
+    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "data_address", "grpc_address", "targets")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    data_address: str
+    grpc_address: str
+    targets: _containers.RepeatedCompositeFieldContainer[TargetReport]
+    def __init__(self, node_id: _Optional[str] = ..., data_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[TargetReport, _Mapping]]] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("target_ids", "routing")
+    TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    target_ids: _containers.RepeatedScalarFieldContainer[int]
+    routing: _common_pb2.RoutingInfo
+    def __init__(self, target_ids: _Optional[_Iterable[int]] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "targets", "routing_version")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    targets: _containers.RepeatedCompositeFieldContainer[TargetReport]
+    routing_version: int
+    def __init__(self, node_id: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[TargetReport, _Mapping]]] = ..., routing_version: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("routing_version", "reregister", "routing")
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    routing_version: int
+    reregister: bool
+    routing: _common_pb2.RoutingInfo
+    def __init__(self, routing_version: _Optional[int] = ..., reregister: _Optional[bool] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ...) -> None: ...
+
+class GetRoutingRequest(_message.Message):
+    __slots__ = ("known_version",)
+    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    known_version: int
+    def __init__(self, known_version: _Optional[int] = ...) -> None: ...
+
+class GetRoutingResponse(_message.Message):
+    __slots__ = ("routing",)
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    routing: _common_pb2.RoutingInfo
+    def __init__(self, routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ...) -> None: ...
+
+class SyncDoneRequest(_message.Message):
+    __slots__ = ("chain_id", "chain_version", "target_id")
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    chain_id: int
+    chain_version: int
+    target_id: int
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ...) -> None: ...
+
+class SyncDoneResponse(_message.Message):
+    __slots__ = ("routing",)
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    routing: _common_pb2.RoutingInfo
+    def __init__(self, routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ...) -> None: ...
+
+class GCItem(_message.Message):
+    __slots__ = ("gc_id", "inode", "chains")
+    GC_ID_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    gc_id: int
+    inode: int
+    chains: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, gc_id: _Optional[int] = ..., inode: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FetchGCRequest(_message.Message):
+    __slots__ = ("target_ids", "limit")
+    TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    target_ids: _containers.RepeatedScalarFieldContainer[int]
+    limit: int
+    def __init__(self, target_ids: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class FetchGCResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[GCItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[GCItem, _Mapping]]] = ...) -> None: ...
+
+class AckGCRequest(_message.Message):
+    __slots__ = ("target_id", "gc_ids")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    GC_IDS_FIELD_NUMBER: _ClassVar[int]
+    target_id: int
+    gc_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, target_id: _Optional[int] = ..., gc_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AckGCResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,358 @@
+from emberfs.proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenFlags(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPEN_READ: _ClassVar[OpenFlags]
+    OPEN_WRITE: _ClassVar[OpenFlags]
+    OPEN_CREATE: _ClassVar[OpenFlags]
+    OPEN_EXCLUSIVE: _ClassVar[OpenFlags]
+    OPEN_TRUNCATE: _ClassVar[OpenFlags]
+    OPEN_APPEND: _ClassVar[OpenFlags]
+OPEN_READ: OpenFlags
+OPEN_WRITE: OpenFlags
+OPEN_CREATE: OpenFlags
+OPEN_EXCLUSIVE: OpenFlags
+OPEN_TRUNCATE: OpenFlags
+OPEN_APPEND: OpenFlags
+
+class StatRequest(_message.Message):
+    __slots__ = ("ctx", "path", "inode", "follow")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    inode: int
+    follow: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., inode: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class StatResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class BatchStatRequest(_message.Message):
+    __slots__ = ("ctx", "paths", "follow")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    follow: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class BatchStatResult(_message.Message):
+    __slots__ = ("attr", "errno")
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    ERRNO_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    errno: int
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., errno: _Optional[int] = ...) -> None: ...
+
+class BatchStatResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchStatResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchStatResult, _Mapping]]] = ...) -> None: ...
+
+class MkdirRequest(_message.Message):
+    __slots__ = ("ctx", "path", "mode", "parents", "layout")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    mode: int
+    parents: bool
+    layout: _common_pb2.Layout
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., parents: _Optional[bool] = ..., layout: _Optional[_Union[_common_pb2.Layout, _Mapping]] = ...) -> None: ...
+
+class MkdirResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class CreateRequest(_message.Message):
+    __slots__ = ("ctx", "path", "mode", "exclusive")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    mode: int
+    exclusive: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., exclusive: _Optional[bool] = ...) -> None: ...
+
+class CreateResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class OpenRequest(_message.Message):
+    __slots__ = ("ctx", "path", "flags", "mode")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    flags: int
+    mode: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ...) -> None: ...
+
+class OpenResponse(_message.Message):
+    __slots__ = ("attr", "session_id")
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    session_id: int
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., session_id: _Optional[int] = ...) -> None: ...
+
+class SyncRequest(_message.Message):
+    __slots__ = ("ctx", "inode", "session_id", "length", "mtime_ns")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    inode: int
+    session_id: int
+    length: int
+    mtime_ns: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., inode: _Optional[int] = ..., session_id: _Optional[int] = ..., length: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+
+class SyncResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class CloseRequest(_message.Message):
+    __slots__ = ("ctx", "inode", "session_id", "length", "wrote")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    WROTE_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    inode: int
+    session_id: int
+    length: int
+    wrote: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., inode: _Optional[int] = ..., session_id: _Optional[int] = ..., length: _Optional[int] = ..., wrote: _Optional[bool] = ...) -> None: ...
+
+class CloseResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class DirEntry(_message.Message):
+    __slots__ = ("name", "attr")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    attr: _common_pb2.InodeAttr
+    def __init__(self, name: _Optional[str] = ..., attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("ctx", "path", "start_after", "limit")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    start_after: str
+    limit: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., start_after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("entries", "more")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[DirEntry]
+    more: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("ctx", "path", "recursive", "directory")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    recursive: bool
+    directory: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
+class RenameRequest(_message.Message):
+    __slots__ = ("ctx", "src", "dst", "no_replace")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    src: str
+    dst: str
+    no_replace: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ...) -> None: ...
+
+class RenameResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class SymlinkRequest(_message.Message):
+    __slots__ = ("ctx", "path", "target")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    target: str
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class SymlinkResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class ReadlinkRequest(_message.Message):
+    __slots__ = ("ctx", "path")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class ReadlinkResponse(_message.Message):
+    __slots__ = ("target",)
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    def __init__(self, target: _Optional[str] = ...) -> None: ...
+
+class HardlinkRequest(_message.Message):
+    __slots__ = ("ctx", "src", "dst")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    src: str
+    dst: str
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
+
+class HardlinkResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class TruncateRequest(_message.Message):
+    __slots__ = ("ctx", "path", "length")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    length: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+
+class TruncateResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class SetAttrRequest(_message.Message):
+    __slots__ = ("ctx", "path", "mode", "uid", "gid", "mtime_ns")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+
+class SetAttrResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class StatFsRequest(_message.Message):
+    __slots__ = ("ctx",)
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ...) -> None: ...
+
+class StatFsResponse(_message.Message):
+    __slots__ = ("capacity", "used", "free", "inodes", "files", "directories")
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    INODES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORIES_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    used: int
+    free: int
+    inodes: int
+    files: int
+    directories: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., inodes: _Optional[int] = ..., files: _Optional[int] = ..., directories: _Optional[int] = ...) -> None: ...
+
+class SetLayoutRequest(_message.Message):
+    __slots__ = ("ctx", "path", "layout")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    layout: _common_pb2.Layout
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.Layout, _Mapping]] = ...) -> None: ...
+
+class SetLayoutResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PingResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
