@@ -17,7 +17,8 @@ DENTRY = b"DENT"  # DENT + parent id (u64 BE) + name    -> DirEntry record
 SESSION = b"SESS"  # SESS + inode id (u64 BE) + session id (u64 BE) -> Session record
 IDEMPOTENT = b"IDEM"  # IDEM + client id + 0x00 + request id (u64 BE) -> cached result
 # garbage collection of removed files' chunks
-GC = b"GCQU"  # GCQU + gc id (u64 BE)                -> GC item
+GC = b"GCQU"  # GCQU + gc id (u64 BE)                -> GCItem (cluster.proto), gc id = inode id
+GC_ACK = b"GCAK"  # GCAK + gc id (u64 BE) + target id (u32 BE) -> b"" (target dropped the chunks)
 # cluster manager
 NODE = b"NODE"  # NODE + node id (utf-8)              -> node record
 TARGET = b"TRGT"  # TRGT + target id (u32 BE)         -> target record
@@ -25,7 +26,7 @@ CHAIN = b"CHAN"  # CHAN + chain id (u32 BE)           -> chain record
 # counters and settings
 CONFIG = b"CONF"  # CONF + name                       -> value
 
-ALL_PREFIXES = (INODE, DENTRY, SESSION, IDEMPOTENT, GC, NODE, TARGET, CHAIN, CONFIG)
+ALL_PREFIXES = (INODE, DENTRY, SESSION, IDEMPOTENT, GC, GC_ACK, NODE, TARGET, CHAIN, CONFIG)
 
 _U64_LE = struct.Struct("<Q")
 _U64_BE = struct.Struct(">Q")
@@ -62,6 +63,10 @@ def idempotent_key(client_id: str, request_id: int) -> bytes:
 
 def gc_key(gc_id: int) -> bytes:
     return GC + _U64_BE.pack(gc_id)
+
+
+def gc_ack_key(gc_id: int, target_id: int) -> bytes:
+    return GC_ACK + _U64_BE.pack(gc_id) + _U32_BE.pack(target_id)
 
 
 def node_key(node_id: str) -> bytes:
