@@ -1,0 +1,333 @@
+"""A whole EmberFS cluster as local child processes.
+
+:class:`LocalCluster` starts one ``emberfs metaserver`` and N ``emberfs
+storageserver`` processes on 127.0.0.1, each as its own command so ``ps``
+shows every role, waits until every target serves, and can stop, kill
+(SIGKILL) and restart any of them. ``emberfs up`` and the test suite's cluster
+fixtures both use it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to 0 and read it back)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def emberfs_command() -> list[str]:
+    """How to run the ``emberfs`` command of this installation."""
+    script = Path(sys.executable).parent / "emberfs"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("emberfs")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "emberfs.cli.main"]
+
+
+@dataclass
+class Service:
+    """One child process and where its output goes."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    ready_prefix: str
+    proc: subprocess.Popen | None = None
+    ready_line: str = ""
+    _log_offset: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_offset = self.log.stat().st_size if self.log.exists() else 0
+        out = open(self.log, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            out.close()
+        self.ready_line = ""
+
+    def wait_ready(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log, "rb") as f:
+                f.seek(self._log_offset)
+                for raw in f.read().decode(errors="replace").splitlines():
+                    if raw.startswith(self.ready_prefix):
+                        self.ready_line = raw.strip()
+                        return self.ready_line
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}"
+                )
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready after {timeout:.0f} s:\n{self.tail()}")
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class LocalCluster:
+    """A metaserver and ``storage_servers`` storage servers under ``data_dir``.
+
+    Parameters
+    ----------
+    data_dir : Path
+        Root of all state: ``meta/`` and ``storage-<i>/``; logs under ``logs/``.
+    storage_servers : int, default 3
+    replicas : int, default 3
+        Replication factor (chain length).
+    targets_per_server : int, default 2
+    meta_port, admin_port : int, default 0
+        0 picks free ports.
+    storage_ports : list[int] | None
+        Data ports of the storage servers (their gRPC port is the next one);
+        None picks free ports.
+    heartbeat_timeout : float, default 5.0
+    extra_meta_args, extra_storage_args : list[str]
+        Passed through to the commands.
+    """
+
+    data_dir: Path
+    storage_servers: int = 3
+    replicas: int = 3
+    targets_per_server: int = 2
+    meta_port: int = 0
+    admin_port: int = 0
+    storage_ports: list[int] | None = None
+    heartbeat_timeout: float = 5.0
+    host: str = "127.0.0.1"
+    extra_meta_args: list[str] = field(default_factory=list)
+    extra_storage_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        self.meta_port = self.meta_port or free_port(self.host)
+        self.admin_port = self.admin_port or free_port(self.host)
+        if self.storage_ports is None:
+            self.storage_ports = [self._free_pair() for _ in range(self.storage_servers)]
+        cmd = emberfs_command()
+        logs = self.data_dir / "logs"
+        self.meta = Service(
+            "metaserver",
+            cmd
+            + [
+                "metaserver",
+                "--data-dir",
+                str(self.data_dir / "meta"),
+                "--listen",
+                self.meta_address,
+                "--admin-listen",
+                self.admin_address,
+                "--replicas",
+                str(self.replicas),
+                "--heartbeat-timeout",
+                str(self.heartbeat_timeout),
+            ]
+            + self.extra_meta_args,
+            logs / "metaserver.log",
+            "READY metaserver",
+        )
+        self.storage = [
+            Service(
+                f"storage-{i}",
+                cmd
+                + [
+                    "storageserver",
+                    "--data-dir",
+                    str(self.data_dir / f"storage-{i}"),
+                    "--meta",
+                    self.meta_address,
+                    "--listen",
+                    f"{self.host}:{port}",
+                    "--grpc-listen",
+                    f"{self.host}:{port + 1}",
+                    "--targets",
+                    str(self.targets_per_server),
+                ]
+                + self.extra_storage_args,
+                logs / f"storage-{i}.log",
+                "READY storageserver",
+            )
+            for i, port in enumerate(self.storage_ports)
+        ]
+
+    def _free_pair(self) -> int:
+        """A port p with p and p+1 both free (data and gRPC)."""
+        for _ in range(200):
+            p = free_port(self.host)
+            try:
+                with socket.socket() as s:
+                    s.bind((self.host, p + 1))
+                return p
+            except OSError:
+                continue
+        raise RuntimeError("no pair of free ports")
+
+    # addresses -------------------------------------------------------------
+    @property
+    def meta_address(self) -> str:
+        return f"{self.host}:{self.meta_port}"
+
+    @property
+    def admin_address(self) -> str:
+        return f"{self.host}:{self.admin_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.admin_address}"
+
+    def storage_address(self, i: int) -> str:
+        return f"{self.host}:{self.storage_ports[i]}"
+
+    def storage_grpc_address(self, i: int) -> str:
+        return f"{self.host}:{self.storage_ports[i] + 1}"
+
+    # lifecycle ---------------------------------------------------------------
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.env)
+        return env
+
+    def start(self, timeout: float = 60.0, wait_serving: bool = True) -> LocalCluster:
+        """Start every process and wait until they are ready (and every target serves)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.start_meta(timeout)
+            for i in range(len(self.storage)):
+                self.storage[i].start(self.child_env())
+            for s in self.storage:
+                s.wait_ready(timeout)
+            if wait_serving:
+                self.wait_serving(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_meta(self, timeout: float = 60.0) -> None:
+        self.meta.start(self.child_env())
+        self.meta.wait_ready(timeout)
+
+    def start_storage(self, i: int, timeout: float = 60.0) -> None:
+        self.storage[i].start(self.child_env())
+        self.storage[i].wait_ready(timeout)
+
+    def stop(self) -> None:
+        """Stop storage servers first, then the metaserver (SIGTERM, then SIGKILL)."""
+        for s in self.storage:
+            s.stop()
+        self.meta.stop()
+
+    def kill_storage(self, i: int) -> None:
+        self.storage[i].kill()
+
+    def kill_meta(self) -> None:
+        self.meta.kill()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # cluster state -------------------------------------------------------------
+    def routing(self, timeout: float = 5.0) -> common_pb2.RoutingInfo:
+        with grpc.insecure_channel(self.meta_address) as channel:
+            stub = cluster_pb2_grpc.ClusterServiceStub(channel)
+            return stub.GetRouting(cluster_pb2.GetRoutingRequest(), timeout=timeout).routing
+
+    def expected_chains(self) -> int:
+        return (len(self.storage) * self.targets_per_server) // self.replicas
+
+    def wait_serving(self, timeout: float = 60.0) -> common_pb2.RoutingInfo:
+        """Wait until the expected chains exist and every target is SERVING."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = self.routing()
+            except grpc.RpcError:
+                time.sleep(0.2)
+                continue
+            states = [t.state for t in last.targets]
+            if (
+                len(last.chains) >= self.expected_chains()
+                and len(states) == len(self.storage) * self.targets_per_server
+                and all(s == common_pb2.SERVING for s in states)
+            ):
+                return last
+            time.sleep(0.1)
+        raise TimeoutError(f"targets not all serving after {timeout:.0f} s: {last}")
+
+    def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition"):
+        """Poll routing until ``predicate(routing)`` is true; returns that routing."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = self.routing()
+                if predicate(last):
+                    return last
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{what} not reached after {timeout:.0f} s: {last}")

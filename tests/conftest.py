@@ -1,0 +1,45 @@
+"""Fixtures shared by the whole suite: real local clusters of real processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from emberfs.cli.localcluster import LocalCluster
+
+
+def make_cluster(tmp_path_factory, name: str, **kwargs) -> LocalCluster:
+    kwargs.setdefault("heartbeat_timeout", 2.0)
+    data_dir = tmp_path_factory.mktemp(name)
+    return LocalCluster(data_dir, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """One 3-server, R=3 cluster shared by the tests that only read and write.
+
+    Tests that kill or restart processes use :func:`make_cluster` (their own cluster).
+    """
+    c = make_cluster(tmp_path_factory, "cluster")
+    c.start(timeout=90)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def private_cluster(tmp_path_factory):
+    """A cluster of its own for a test that kills, partitions or restarts processes."""
+    clusters: list[LocalCluster] = []
+
+    def start(**kwargs) -> LocalCluster:
+        c = make_cluster(tmp_path_factory, "private", **kwargs)
+        clusters.append(c)
+        c.start(timeout=90)
+        return c
+
+    try:
+        yield start
+    finally:
+        for c in clusters:
+            c.stop()
