@@ -13,7 +13,11 @@ import sys
 # command -> (module, function taking argv); the function returns an exit code.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "up": ("emberfs.cli.up", "main", "start a whole local cluster in the foreground"),
-    "metaserver": ("emberfs.metaserver.main", "main", "run the metaserver (namespace + cluster manager)"),
+    "metaserver": (
+        "emberfs.metaserver.main",
+        "main",
+        "run the metaserver (namespace + cluster manager)",
+    ),
     "storageserver": ("emberfs.storageserver.main", "main", "run one storage server"),
     "ls": ("emberfs.cli.files", "main_ls", "list a directory"),
     "stat": ("emberfs.cli.files", "main_stat", "show a path's attributes"),

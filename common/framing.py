@@ -237,7 +237,9 @@ def recv_frame(sock: socket.socket, into: memoryview | None = None, *, check: bo
     if header.data_len:
         if into is not None:
             if len(into) < header.data_len:
-                raise FrameError(f"{header.data_len} data bytes do not fit the {len(into)}-byte buffer")
+                raise FrameError(
+                    f"{header.data_len} data bytes do not fit the {len(into)}-byte buffer"
+                )
             data = into[: header.data_len]
         else:
             data = memoryview(bytearray(header.data_len))
