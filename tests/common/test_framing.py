@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+
+import crc32c
+import pytest
+
+from emberfs.common import framing
+from emberfs.proto import data_pb2
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    a.settimeout(5)
+    b.settimeout(5)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_round_trip_with_data(pair):
+    a, b = pair
+    data = os.urandom(300 * 1024 + 17)
+    meta = data_pb2.ChunkReadResponse(version=3, chunk_length=len(data)).SerializeToString()
+    t = threading.Thread(
+        target=framing.send_frame, args=(a, framing.Op.READ | framing.RESPONSE, meta, data)
+    )
+    t.start()
+    frame = framing.recv_frame(b)
+    t.join()
+    assert frame.header.op == framing.Op.READ | framing.RESPONSE
+    assert frame.header.is_response
+    assert bytes(frame.data) == data
+    assert len(frame.crcs) == framing.n_blocks(len(data), framing.DEFAULT_BLOCK)
+    assert data_pb2.ChunkReadResponse.FromString(frame.meta).version == 3
+
+
+def test_recv_into_caller_buffer(pair):
+    a, b = pair
+    data = os.urandom(128 * 1024)
+    buf = bytearray(256 * 1024)
+    t = threading.Thread(target=framing.send_frame, args=(a, framing.Op.WRITE, b"", data))
+    t.start()
+    frame = framing.recv_frame(b, into=memoryview(buf))
+    t.join()
+    assert frame.data.obj is buf
+    assert buf[: len(data)] == data
+
+
+def test_sendfile_frame(pair, tmp_path):
+    a, b = pair
+    data = os.urandom(200 * 1024)
+    path = tmp_path / "chunk"
+    path.write_bytes(data)
+    crcs = framing.block_crcs(data[64 * 1024 :], framing.DEFAULT_BLOCK)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t = threading.Thread(
+            target=framing.send_file_frame,
+            args=(
+                a,
+                framing.Op.READ | framing.RESPONSE,
+                b"m",
+                fd,
+                64 * 1024,
+                len(data) - 64 * 1024,
+                crcs,
+                framing.DEFAULT_BLOCK,
+            ),
+        )
+        t.start()
+        frame = framing.recv_frame(b)
+        t.join()
+    finally:
+        os.close(fd)
+    assert frame.meta == b"m"
+    assert bytes(frame.data) == data[64 * 1024 :]
+
+
+def test_corrupted_block_is_detected(pair):
+    a, b = pair
+    data = bytearray(os.urandom(200 * 1024))
+    crcs = framing.block_crcs(data)
+    data[100 * 1024] ^= 0x01  # flip one bit after the checksums were taken
+    t = threading.Thread(
+        target=framing.send_frame, args=(a, framing.Op.WRITE, b"", data), kwargs={"crcs": crcs}
+    )
+    t.start()
+    with pytest.raises(framing.ChecksumError) as info:
+        framing.recv_frame(b)
+    t.join()
+    assert info.value.block == 1
+
+
+def test_bad_magic(pair):
+    a, b = pair
+    a.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 8)
+    with pytest.raises(framing.FrameError, match="magic"):
+        framing.recv_frame(b)
+
+
+def test_header_checksum(pair):
+    a, b = pair
+    raw = bytearray(framing.pack_header(framing.Op.READ, 0, 0, 0, 0))
+    raw[8] ^= 0xFF
+    a.sendall(bytes(raw))
+    with pytest.raises(framing.FrameError, match="checksum"):
+        framing.recv_frame(b)
+
+
+@pytest.mark.parametrize(
+    "meta_len,data_len,block",
+    [(framing.MAX_META + 1, 0, 0), (0, framing.MAX_DATA + 1, framing.DEFAULT_BLOCK), (0, 10, 100)],
+)
+def test_oversized_or_invalid_lengths(pair, meta_len, data_len, block):
+    a, b = pair
+    a.sendall(framing.pack_header(framing.Op.WRITE, 0, meta_len, data_len, block))
+    with pytest.raises(framing.FrameError):
+        framing.recv_frame(b)
+
+
+def test_peer_stops_mid_frame(pair):
+    a, b = pair
+    a.sendall(framing.pack_header(framing.Op.WRITE, 0, 4, 100_000, framing.DEFAULT_BLOCK) + b"ab")
+    a.shutdown(socket.SHUT_WR)
+    with pytest.raises(framing.FrameError, match="closed"):
+        framing.recv_frame(b)
+
+
+def test_peer_stalls_mid_frame_times_out(pair):
+    a, b = pair
+    b.settimeout(0.2)
+    a.sendall(framing.pack_header(framing.Op.WRITE, 0, 4, 0, 0) + b"ab")
+    with pytest.raises(socket.timeout):
+        framing.recv_frame(b)
+
+
+def test_buffer_too_small(pair):
+    a, b = pair
+    t = threading.Thread(target=framing.send_frame, args=(a, framing.Op.WRITE, b"", b"x" * 5000))
+    t.start()
+    with pytest.raises(framing.FrameError, match="fit"):
+        framing.recv_frame(b, into=memoryview(bytearray(100)))
+    t.join()
+
+
+def test_error_frame(pair):
+    a, b = pair
+    framing.send_error(
+        a, framing.Op.READ, framing.Status.STALE_CHAIN, "old chain", routing_version=9
+    )
+    frame = framing.recv_frame(b)
+    assert frame.header.status == framing.Status.STALE_CHAIN
+    err = data_pb2.ErrorResponse.FromString(frame.meta)
+    assert err.routing_version == 9 and err.message == "old chain"
+    assert framing.status_name(frame.header.status) == "STALE_CHAIN"
+    assert framing.Status.STALE_CHAIN in framing.RETRYABLE
+
+
+def test_block_crcs_match_crc32c():
+    data = os.urandom(150 * 1024)
+    crcs = framing.block_crcs(data, 64 * 1024)
+    assert crcs == [crc32c.crc32c(data[i : i + 65536]) for i in range(0, len(data), 65536)]
+    framing.verify(data, crcs, 64 * 1024)
+    with pytest.raises(framing.FrameError):
+        framing.verify(data, crcs[:-1], 64 * 1024)
+
+
+def test_header_layout_is_stable():
+    raw = framing.pack_header(framing.Op.WRITE, 0, 7, 9, 65536)
+    assert len(raw) == 24
+    magic, version, op, status, meta_len, data_len, block, _ = struct.unpack("<IBBHIIII", raw)
+    assert raw[:4] == b"EMBF"
+    assert (version, op, status, meta_len, data_len, block) == (1, 2, 0, 7, 9, 65536)

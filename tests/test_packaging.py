@@ -1,0 +1,57 @@
+"""The packaging config lists every package directory, and generated code is current."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP_LEVEL = ["common", "proto", "metaserver", "storageserver", "client", "cli"]
+
+
+def _config():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_package_directory_is_listed():
+    cfg = _config()["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    mapping = cfg["package-dir"]
+    found = set()
+    for top in TOP_LEVEL:
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT)
+            found.add("emberfs." + ".".join(rel.parts))
+    assert found, "no packages found"
+    missing = found - listed
+    assert not missing, f"package directories not listed in pyproject.toml: {sorted(missing)}"
+    for pkg in listed:
+        assert pkg in mapping, f"{pkg} has no package-dir entry"
+        assert (ROOT / mapping[pkg] / "__init__.py").exists(), f"{mapping[pkg]} is not a package"
+
+
+def test_no_bare_top_level_modules_are_importable_names():
+    # Every package lives under the emberfs namespace; nothing maps to a bare name.
+    for pkg in _config()["tool"]["setuptools"]["packages"]:
+        assert pkg.startswith("emberfs."), pkg
+
+
+def test_generated_protobuf_code_is_current():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_generated_modules_import_with_package_paths():
+    from emberfs.proto import cluster_pb2_grpc, data_pb2, meta_pb2_grpc, storage_pb2_grpc
+
+    assert meta_pb2_grpc.MetaServiceStub
+    assert cluster_pb2_grpc.ClusterServiceStub
+    assert storage_pb2_grpc.StorageServiceStub
+    assert data_pb2.ChunkReadRequest
