@@ -55,3 +55,18 @@ def test_generated_modules_import_with_package_paths():
     assert cluster_pb2_grpc.ClusterServiceStub
     assert storage_pb2_grpc.StorageServiceStub
     assert data_pb2.ChunkReadRequest
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    blocks = readme.split("```bash\n")
+    commands = [b.split("```")[0].strip() for b in blocks[1:]]
+    test_command = next(c for c in commands if "pytest" in c)
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_command in ci, f".ci/run does not run {test_command!r}"
+    assert "set -euo pipefail" in ci
+
+
+def test_readme_run_command_starts_the_cluster():
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install -e '.[server]' && emberfs up" in readme
