@@ -1,0 +1,292 @@
+"""Resync: bring a SYNCING target up to date from its serving predecessor.
+
+The node holding the predecessor walks its own chunk list and the successor's
+(``ListChunks`` on the successor's StorageService), both ordered by
+(inode, index), and
+
+- copies every local committed chunk the successor lacks, holds at an older
+  version, or holds at the same version with other content, as a full-chunk
+  ``sync`` write on the framed data protocol (the successor applies it only if
+  it is newer than what it has, or the same version with other content, so a
+  concurrent forwarded write is never overwritten by an older copy); a
+  successor already ahead holds a forwarded write we have not committed yet;
+- removes the successor's chunks the predecessor no longer has (files deleted
+  or truncated while the successor was away).
+
+Writes keep flowing down the chain meanwhile. The caller reports
+``ClusterService.SyncDone`` once :func:`sync_successor` returns; on any error
+it raises and the caller retries later.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import socket
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from emberfs.common import framing
+from emberfs.proto import data_pb2, storage_pb2, storage_pb2_grpc
+from emberfs.storageserver.chunkstore import ChunkMeta, ChunkStore
+
+log = logging.getLogger(__name__)
+
+PAGE = 1000
+REMOVE_BATCH = 1000
+RPC_TIMEOUT = 30.0
+SOCKET_TIMEOUT = 60.0
+CLIENT_ID = "resync"
+
+# Request ids only have to be unique per client id on the receiver: start at random.
+_request_ids = itertools.count(secrets.randbits(62))
+
+
+class ResyncError(Exception):
+    """The successor refused a copy or the exchange failed; retry the sync later."""
+
+    def __init__(self, message: str, status: int = framing.Status.INTERNAL):
+        super().__init__(message)
+        self.status = status
+
+
+class ResyncInterrupted(ResyncError):
+    """``should_stop`` asked the sync to end before it finished."""
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bad address {address!r}, expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _remote_chunks(
+    stub: storage_pb2_grpc.StorageServiceStub, target_id: int
+) -> Iterator[storage_pb2.ChunkMeta]:
+    after: tuple[int, int] | None = None
+    while True:
+        req = storage_pb2.ListChunksRequest(target_id=target_id, limit=PAGE)
+        if after is not None:
+            req.has_after = True
+            req.after_inode, req.after_index = after
+        resp = stub.ListChunks(req, timeout=RPC_TIMEOUT)
+        yield from resp.chunks
+        if not resp.more or not resp.chunks:
+            return
+        last = resp.chunks[-1]
+        after = (last.inode, last.index)
+
+
+def _local_chunks(store: ChunkStore) -> Iterator[ChunkMeta]:
+    after: tuple[int, int] | None = None
+    while True:
+        page = store.list(after=after, limit=PAGE)
+        yield from page
+        if len(page) < PAGE:
+            return
+        after = (page[-1].inode, page[-1].index)
+
+
+class _DataConnection:
+    """One framed-protocol connection to the successor, reopened if the peer closed it."""
+
+    def __init__(self, address: str):
+        self._address = _split(address)
+        self._sock: socket.socket | None = None
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self._address, timeout=SOCKET_TIMEOUT)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def request(self, meta: bytes, data: bytes, crcs: list[int], block_size: int) -> framing.Frame:
+        for attempt in range(2):
+            reused = self._sock is not None
+            if self._sock is None:
+                self._sock = self._connect()
+            try:
+                framing.send_frame(
+                    self._sock,
+                    framing.Op.WRITE,
+                    meta,
+                    data if data else None,
+                    block_size=block_size,
+                    crcs=crcs,
+                )
+                return framing.recv_frame(self._sock)
+            except (ConnectionError, framing.FrameError) as exc:
+                self.close()
+                # A kept-alive connection the peer closed meanwhile: reconnect once.
+                if not (reused and attempt == 0) or isinstance(exc, framing.ChecksumError):
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _copy(
+    conn: _DataConnection,
+    store: ChunkStore,
+    meta: ChunkMeta,
+    *,
+    chain_id: int,
+    chain_version: int,
+    successor_target_id: int,
+) -> int | None:
+    """Send the chunk's committed content; returns bytes sent (None: gone locally)."""
+    try:
+        data, meta = store.read_committed(meta.inode, meta.index)
+    except KeyError:
+        return None
+    # Never spread a damaged local copy: the receiver checks the same CRCs.
+    framing.verify(data, meta.crcs, store.block_size)
+    req = data_pb2.ChunkWriteRequest(
+        chain_id=chain_id,
+        chain_version=chain_version,
+        target_id=successor_target_id,
+        chunk=data_pb2.ChunkId(inode=meta.inode, index=meta.index),
+        offset=0,
+        chunk_size=max(meta.length, framing.MIN_BLOCK),
+        client_id=CLIENT_ID,
+        request_id=next(_request_ids),
+        update_version=meta.version,
+        full_chunk=True,
+        sync=True,
+    )
+    frame = conn.request(req.SerializeToString(), data, meta.crcs, store.block_size)
+    op = framing.Op.WRITE | framing.RESPONSE
+    if frame.header.op != op:
+        raise ResyncError(f"unexpected response op {frame.header.op:#x} to a WRITE")
+    if frame.header.status != framing.Status.OK:
+        err = data_pb2.ErrorResponse()
+        err.ParseFromString(frame.meta)
+        raise ResyncError(
+            f"successor refused chunk {meta.inode}:{meta.index} v{meta.version}: "
+            f"{framing.status_name(frame.header.status)} {err.message}",
+            frame.header.status,
+        )
+    return len(data)
+
+
+def sync_successor(
+    store: ChunkStore,
+    *,
+    chain_id: int,
+    chain_version: int,
+    target_id: int,
+    successor_target_id: int,
+    successor_data_address: str,
+    successor_grpc_address: str,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict:
+    """Copy what the successor lacks and remove what it should no longer have.
+
+    Parameters
+    ----------
+    store : ChunkStore
+        The local (predecessor) target's store.
+    chain_id, chain_version : int
+        The chain and the version the sync runs under (the successor refuses
+        copies sent under another chain version).
+    target_id : int
+        The local target's id.
+    successor_target_id : int
+        The syncing target.
+    successor_data_address, successor_grpc_address : str
+        ``HOST:PORT`` of the successor's data protocol and StorageService.
+    should_stop : callable, optional
+        Polled between chunks; when it returns True the sync ends with
+        :class:`ResyncInterrupted`.
+
+    Returns
+    -------
+    dict
+        ``{"copied": chunks sent, "removed": chunks removed, "bytes": bytes sent}``.
+
+    Raises
+    ------
+    ResyncError
+        The successor refused a copy (``status`` says why).
+    grpc.RpcError, OSError, framing.FrameError
+        Transport failures; a damaged local chunk raises ``framing.ChecksumError``.
+    """
+    counts = {"copied": 0, "removed": 0, "bytes": 0}
+    pending_removal: list[tuple[int, int]] = []
+    kw = dict(
+        chain_id=chain_id, chain_version=chain_version, successor_target_id=successor_target_id
+    )
+    channel = grpc.insecure_channel(successor_grpc_address)
+    conn = _DataConnection(successor_data_address)
+    try:
+        stub = storage_pb2_grpc.StorageServiceStub(channel)
+
+        def flush_removals() -> None:
+            by_inode: dict[int, list[int]] = {}
+            for inode, index in pending_removal:
+                # The successor listed it after we listed ours: a chunk created
+                # since then exists locally (writes reach us first), so check again.
+                if store.meta(inode, index) is None:
+                    by_inode.setdefault(inode, []).append(index)
+            pending_removal.clear()
+            for inode, indices in by_inode.items():
+                resp = stub.RemoveChunks(
+                    storage_pb2.RemoveChunksRequest(
+                        target_id=successor_target_id, inode=inode, indices=indices
+                    ),
+                    timeout=RPC_TIMEOUT,
+                )
+                counts["removed"] += resp.removed
+
+        def copy(meta: ChunkMeta) -> None:
+            sent = _copy(conn, store, meta, **kw)
+            if sent is not None:
+                counts["copied"] += 1
+                counts["bytes"] += sent
+
+        local = _local_chunks(store)
+        remote = _remote_chunks(stub, successor_target_id)
+        mine = next(local, None)
+        theirs = next(remote, None)
+        while mine is not None or theirs is not None:
+            if should_stop():
+                raise ResyncInterrupted("resync stopped before it finished")
+            my_key = (mine.inode, mine.index) if mine is not None else None
+            their_key = (theirs.inode, theirs.index) if theirs is not None else None
+            if their_key is None or (my_key is not None and my_key < their_key):
+                if mine.version:
+                    copy(mine)
+                mine = next(local, None)
+            elif my_key is None or their_key < my_key:
+                pending_removal.append(their_key)
+                if len(pending_removal) >= REMOVE_BATCH:
+                    flush_removals()
+                theirs = next(remote, None)
+            else:
+                # A successor ahead of us holds a write we have not committed yet.
+                if mine.version > theirs.version or (
+                    mine.version == theirs.version
+                    and mine.version
+                    and (mine.length, mine.checksum) != (theirs.length, theirs.checksum)
+                ):
+                    copy(mine)
+                mine = next(local, None)
+                theirs = next(remote, None)
+        flush_removals()
+    finally:
+        conn.close()
+        channel.close()
+    log.info(
+        "resync of target %d (chain %d v%d) from target %d: %s",
+        successor_target_id,
+        chain_id,
+        chain_version,
+        target_id,
+        counts,
+    )
+    return counts
