@@ -1,0 +1,541 @@
+"""The cluster manager: storage nodes, targets, chains, routing and the GC queue.
+
+:class:`ClusterManager` keeps the cluster state of the metaserver in the KV
+store (``NODE``/``TRGT``/``CHAN``/``CONF`` keys, see
+:mod:`emberfs.metaserver.keys`) with a copy in memory, serves the
+``ClusterService`` calls as plain methods (protobuf in, protobuf out) and
+decides state changes with the pure rules of :mod:`emberfs.metaserver.chainstate`.
+Every change is written (one atomic, durable batch) before a call returns, so
+a restarted metaserver resumes with the same targets, chains and versions.
+
+Liveness is per node and lives only in memory: a heartbeat refreshes every
+target of its node, and :meth:`ClusterManager.check_timeouts` (called
+periodically) applies the timeout rule to targets whose node has been silent
+for longer than the heartbeat timeout. A freshly started manager gives every
+known node a full timeout of grace.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from emberfs.common import errors
+from emberfs.metaserver import chainstate, keys
+from emberfs.metaserver.chainstate import OFFLINE, SERVING, Chain
+from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
+from emberfs.proto import cluster_pb2, common_pb2
+
+_U64 = struct.Struct(">Q")
+_NEXT_TARGET = "cluster.next_target_id"
+_NEXT_CHAIN = "cluster.next_chain_id"
+_ROUTING_VERSION = "cluster.routing_version"
+
+MAX_NODE_ID = 255
+MAX_TARGETS_PER_NODE = 1024
+DEFAULT_GC_LIMIT = 256
+MAX_GC_LIMIT = 4096
+MAX_GC_ACKS = 10000
+
+
+@dataclass
+class Node:
+    """A storage node as registered: its id and the addresses it serves on."""
+
+    node_id: str
+    data_address: str
+    grpc_address: str
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "node_id": self.node_id,
+                "data_address": self.data_address,
+                "grpc_address": self.grpc_address,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Node:
+        d = json.loads(raw)
+        return cls(d["node_id"], d["data_address"], d["grpc_address"])
+
+
+@dataclass
+class PendingGC:
+    """A queued GC item and the targets that have and have not dropped its chunks."""
+
+    item: cluster_pb2.GCItem
+    acked: list[int]
+    waiting: list[int]
+
+
+@dataclass
+class _Changes:
+    nodes: set[str] = field(default_factory=set)
+    targets: set[int] = field(default_factory=set)  # state, chain or new target: bumps routing
+    usage: set[int] = field(default_factory=set)  # capacity/used/chunks only
+    chains: set[int] = field(default_factory=set)
+
+    @property
+    def bumps_routing(self) -> bool:
+        return bool(self.nodes or self.targets or self.chains)
+
+
+def validate_address(address: str, what: str) -> None:
+    """Raise InvalidArgument unless ``address`` is ``host:port`` with a valid port."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise errors.InvalidArgument(f"{what} {address!r} is not host:port")
+    if len(address) > 300 or any(c.isspace() for c in address):
+        raise errors.InvalidArgument(f"{what} {address!r} is not host:port")
+
+
+def _validate_node_id(node_id: str) -> None:
+    if not node_id or len(node_id) > MAX_NODE_ID:
+        raise errors.InvalidArgument("node id must have 1 to 255 characters")
+    if not node_id.isprintable() or any(c.isspace() for c in node_id):
+        raise errors.InvalidArgument(f"node id {node_id!r} has blank or control characters")
+
+
+class ClusterManager:
+    """Persistent cluster state and the rules that change it.
+
+    Parameters
+    ----------
+    engine : KVEngine
+        The metadata store (shared with the namespace; the manager uses the
+        ``NODE``, ``TRGT``, ``CHAN``, ``CONF``, ``GCQU`` and ``GCAK`` keys).
+    replicas : int, default 3
+        Targets per new chain, each on a distinct node.
+    heartbeat_timeout : float, default 5.0
+        Seconds of silence after which a node's targets time out.
+    clock : callable, default time.monotonic
+        Monotonic seconds; tests inject their own.
+    """
+
+    def __init__(
+        self,
+        engine: KVEngine,
+        *,
+        replicas: int = 3,
+        heartbeat_timeout: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
+        if heartbeat_timeout <= 0:
+            raise ValueError("heartbeat timeout must be positive")
+        self.engine = engine
+        self.replicas = replicas
+        self.heartbeat_timeout = heartbeat_timeout
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._gc_lock = threading.Lock()  # acknowledgements of one item see each other
+        self._load()
+        now = clock()
+        self._last_seen: dict[str, float] = {node_id: now for node_id in self._nodes}
+        self._absent: set[int] = set()  # targets their node left out of its last registration
+
+    # ------------------------------------------------------------------ state
+
+    def _load(self) -> None:
+        self._nodes: dict[str, Node] = {}
+        self._targets: dict[int, common_pb2.TargetInfo] = {}
+        self._chains: dict[int, Chain] = {}
+        for _, raw in self.engine.scan_prefix(keys.NODE):
+            node = Node.decode(raw)
+            self._nodes[node.node_id] = node
+        for _, raw in self.engine.scan_prefix(keys.TARGET):
+            info = common_pb2.TargetInfo.FromString(raw)
+            self._targets[info.target_id] = info
+        for _, raw in self.engine.scan_prefix(keys.CHAIN):
+            rec = common_pb2.ChainInfo.FromString(raw)
+            members = tuple(rec.targets)
+            states = tuple(self._targets[t].state for t in members)
+            self._chains[rec.chain_id] = Chain(rec.chain_id, rec.version, members, states)
+        self._next_target = self._counter(_NEXT_TARGET, 1)
+        self._next_chain = self._counter(_NEXT_CHAIN, 1)
+        self._routing_version = self._counter(_ROUTING_VERSION, 0)
+        self._routing_cache: common_pb2.RoutingInfo | None = None
+
+    def _counter(self, name: str, default: int) -> int:
+        raw = self.engine.get(keys.config_key(name))
+        return default if raw is None else _U64.unpack(raw)[0]
+
+    def _flush(self, changes: _Changes) -> None:
+        """Write what ``changes`` names as one batch (bumping the routing version if needed)."""
+        if not (changes.bumps_routing or changes.usage):
+            return
+        version = self._routing_version + 1 if changes.bumps_routing else self._routing_version
+        puts: dict[bytes, bytes] = {
+            keys.config_key(_NEXT_TARGET): _U64.pack(self._next_target),
+            keys.config_key(_NEXT_CHAIN): _U64.pack(self._next_chain),
+            keys.config_key(_ROUTING_VERSION): _U64.pack(version),
+        }
+        for node_id in changes.nodes:
+            puts[keys.node_key(node_id)] = self._nodes[node_id].encode()
+        for tid in changes.targets | changes.usage:
+            puts[keys.target_key(tid)] = self._targets[tid].SerializeToString()
+        for cid in changes.chains:
+            c = self._chains[cid]
+            rec = common_pb2.ChainInfo(chain_id=cid, version=c.version, targets=c.targets)
+            puts[keys.chain_key(cid)] = rec.SerializeToString()
+        try:
+            self.engine.write(puts)
+        except BaseException:
+            self._load()  # memory follows what is stored
+            raise
+        self._routing_version = version
+        self._routing_cache = None
+
+    def _set_chain(self, new: Chain, changes: _Changes) -> None:
+        old = self._chains.get(new.chain_id)
+        if old is new:
+            return
+        self._chains[new.chain_id] = new
+        changes.chains.add(new.chain_id)
+        for tid, state in zip(new.targets, new.states, strict=True):
+            info = self._targets[tid]
+            if info.state != state or info.chain_id != new.chain_id:
+                info.state = state
+                info.chain_id = new.chain_id
+                changes.targets.add(tid)
+
+    def _set_free_state(self, tid: int, state: int, changes: _Changes) -> None:
+        info = self._targets[tid]
+        if info.state != state:
+            info.state = state
+            changes.targets.add(tid)
+
+    def _timeout_target(self, tid: int, changes: _Changes) -> None:
+        info = self._targets[tid]
+        if info.chain_id:
+            self._set_chain(chainstate.on_timeout(self._chains[info.chain_id], tid), changes)
+        else:
+            self._set_free_state(tid, OFFLINE, changes)
+
+    def _return_target(self, tid: int, restarted: bool, changes: _Changes) -> None:
+        info = self._targets[tid]
+        if info.chain_id:
+            chain = self._chains[info.chain_id]
+            self._set_chain(chainstate.on_return(chain, tid, restarted=restarted), changes)
+        else:
+            self._set_free_state(tid, SERVING, changes)  # holds no data yet
+
+    def _form_chains(self, changes: _Changes) -> None:
+        free = [
+            (tid, info.node_id)
+            for tid, info in sorted(self._targets.items())
+            if info.chain_id == 0 and info.state == SERVING and tid not in self._absent
+        ]
+        for chain in chainstate.form_chains(free, self.replicas, self._next_chain):
+            self._set_chain(chain, changes)
+            self._next_chain = chain.chain_id + 1
+
+    def _node_targets(self, node_id: str) -> list[int]:
+        return sorted(t for t, info in self._targets.items() if info.node_id == node_id)
+
+    # ---------------------------------------------------------------- reading
+
+    @property
+    def routing_version(self) -> int:
+        return self._routing_version
+
+    def chain_table(self) -> list[int]:
+        """Ids of all chains, ascending (new files spread over them)."""
+        with self._lock:
+            return sorted(self._chains)
+
+    def usage(self) -> tuple[int, int]:
+        """``(capacity, used)`` in bytes, summed over all targets."""
+        with self._lock:
+            capacity = sum(t.capacity for t in self._targets.values())
+            used = sum(t.used for t in self._targets.values())
+            return capacity, used
+
+    def routing(self) -> common_pb2.RoutingInfo:
+        """A copy of the current routing info: every target and chain, and the version."""
+        with self._lock:
+            if self._routing_cache is None:
+                info = common_pb2.RoutingInfo(version=self._routing_version)
+                for tid in sorted(self._targets):
+                    t = info.targets.add()
+                    t.CopyFrom(self._targets[tid])
+                    node = self._nodes.get(t.node_id)
+                    if node is not None:
+                        t.data_address = node.data_address
+                        t.grpc_address = node.grpc_address
+                for cid in sorted(self._chains):
+                    c = self._chains[cid]
+                    info.chains.add(chain_id=cid, version=c.version, targets=c.targets)
+                self._routing_cache = info
+            out = common_pb2.RoutingInfo()
+            out.CopyFrom(self._routing_cache)
+            return out
+
+    def chain(self, chain_id: int) -> Chain:
+        """One chain; :class:`errors.NotFound` when there is no such chain."""
+        with self._lock:
+            try:
+                return self._chains[chain_id]
+            except KeyError:
+                raise errors.NotFound(f"no chain {chain_id}") from None
+
+    def nodes(self) -> list[Node]:
+        with self._lock:
+            return [self._nodes[n] for n in sorted(self._nodes)]
+
+    # ---------------------------------------------------------- node protocol
+
+    def register_node(
+        self, req: cluster_pb2.RegisterNodeRequest
+    ) -> cluster_pb2.RegisterNodeResponse:
+        """Register a node (first start or restart) and its targets.
+
+        Targets reported with id 0 get the next id; known ids must belong to
+        the node. Known targets of a node that registers again are treated as
+        returning (see :func:`chainstate.on_return` with ``restarted``); its
+        known targets that it no longer reports time out at once.
+        """
+        _validate_node_id(req.node_id)
+        validate_address(req.data_address, "data address")
+        validate_address(req.grpc_address, "gRPC address")
+        if len(req.targets) > MAX_TARGETS_PER_NODE:
+            raise errors.InvalidArgument(f"more than {MAX_TARGETS_PER_NODE} targets")
+        with self._lock:
+            seen: set[int] = set()
+            for report in req.targets:
+                tid = report.target_id
+                if tid == 0:
+                    continue
+                if tid in seen:
+                    raise errors.InvalidArgument(f"target {tid} is reported twice")
+                seen.add(tid)
+                info = self._targets.get(tid)
+                if info is None:
+                    raise errors.InvalidArgument(
+                        f"target {tid} is unknown to this metaserver (report it with id 0 "
+                        "to add it as a new, empty target)"
+                    )
+                if info.node_id != req.node_id:
+                    raise errors.InvalidArgument(
+                        f"target {tid} belongs to node {info.node_id!r}, not {req.node_id!r}"
+                    )
+            changes = _Changes()
+            node = Node(req.node_id, req.data_address, req.grpc_address)
+            if self._nodes.get(req.node_id) != node:
+                self._nodes[req.node_id] = node
+                changes.nodes.add(req.node_id)
+            ids = []
+            for report in req.targets:
+                tid = report.target_id
+                if tid == 0:
+                    tid = self._next_target
+                    self._next_target += 1
+                    self._targets[tid] = common_pb2.TargetInfo(
+                        target_id=tid, node_id=req.node_id, state=SERVING
+                    )
+                    changes.targets.add(tid)
+                else:
+                    self._absent.discard(tid)
+                    self._return_target(tid, True, changes)
+                self._set_usage(tid, report, changes)
+                ids.append(tid)
+            for tid in self._node_targets(req.node_id):
+                if tid not in ids:
+                    self._absent.add(tid)
+                    self._timeout_target(tid, changes)
+            self._form_chains(changes)
+            self._flush(changes)
+            self._last_seen[req.node_id] = self.clock()
+            return cluster_pb2.RegisterNodeResponse(target_ids=ids, routing=self.routing())
+
+    def _set_usage(self, tid: int, report: cluster_pb2.TargetReport, changes: _Changes) -> None:
+        info = self._targets[tid]
+        if (info.capacity, info.used, info.chunks) != (report.capacity, report.used, report.chunks):
+            info.capacity, info.used, info.chunks = report.capacity, report.used, report.chunks
+            changes.usage.add(tid)
+
+    def heartbeat(self, req: cluster_pb2.HeartbeatRequest) -> cluster_pb2.HeartbeatResponse:
+        """Refresh a node's liveness and its targets' usage.
+
+        Targets of the node that were offline (or lastsrv) come back. The
+        response carries the routing info when the node's version is older,
+        and ``reregister`` when the node is unknown.
+        """
+        with self._lock:
+            if req.node_id not in self._nodes:
+                return cluster_pb2.HeartbeatResponse(
+                    routing_version=self._routing_version, reregister=True
+                )
+            own = set(self._node_targets(req.node_id))
+            for report in req.targets:
+                if report.target_id not in own:
+                    raise errors.InvalidArgument(
+                        f"target {report.target_id} does not belong to node {req.node_id!r}"
+                    )
+            self._last_seen[req.node_id] = self.clock()
+            changes = _Changes()
+            for report in req.targets:
+                self._set_usage(report.target_id, report, changes)
+            for tid in sorted(own - self._absent):
+                if self._targets[tid].state in (OFFLINE, chainstate.LASTSRV):
+                    self._return_target(tid, False, changes)
+            if changes.targets:
+                self._form_chains(changes)
+            self._flush(changes)
+            resp = cluster_pb2.HeartbeatResponse(routing_version=self._routing_version)
+            if req.routing_version < self._routing_version:
+                resp.routing.CopyFrom(self.routing())
+            return resp
+
+    def get_routing(self, req: cluster_pb2.GetRoutingRequest) -> cluster_pb2.GetRoutingResponse:
+        """The routing info (always sent; ``known_version`` is advisory)."""
+        return cluster_pb2.GetRoutingResponse(routing=self.routing())
+
+    def sync_done(self, req: cluster_pb2.SyncDoneRequest) -> cluster_pb2.SyncDoneResponse:
+        """A syncing target caught up: it serves from now on.
+
+        Raises :class:`errors.NotFound` for an unknown chain or a target not
+        in it, and :class:`errors.Busy` (FAILED_PRECONDITION) for a stale
+        chain version or a target that is not syncing.
+        """
+        with self._lock:
+            chain = self.chain(req.chain_id)
+            new = chainstate.on_sync_done(chain, req.chain_version, req.target_id)
+            changes = _Changes()
+            self._set_chain(new, changes)
+            self._flush(changes)
+            return cluster_pb2.SyncDoneResponse(routing=self.routing())
+
+    def check_timeouts(self) -> None:
+        """Time out the targets of every node silent for longer than the heartbeat timeout."""
+        with self._lock:
+            now = self.clock()
+            changes = _Changes()
+            for node_id, seen in sorted(self._last_seen.items()):
+                if now - seen > self.heartbeat_timeout:
+                    for tid in self._node_targets(node_id):
+                        self._timeout_target(tid, changes)
+            self._flush(changes)
+            went_offline = bool(changes.targets)
+        if went_offline:
+            self.collect_gc()
+
+    # --------------------------------------------------------------------- GC
+
+    def _gc_required(self, item: cluster_pb2.GCItem) -> set[int]:
+        """Targets that must drop an item's chunks: members of its chains not offline."""
+        required = set()
+        for cid in item.chains:
+            chain = self._chains.get(cid)
+            if chain is None:
+                continue
+            for tid, state in zip(chain.targets, chain.states, strict=True):
+                if state != OFFLINE:
+                    required.add(tid)
+        return required
+
+    @staticmethod
+    def _gc_item(key: bytes, raw: bytes) -> cluster_pb2.GCItem:
+        item = cluster_pb2.GCItem.FromString(raw)
+        item.gc_id = _U64.unpack(key[len(keys.GC) :])[0]  # the key is authoritative
+        return item
+
+    @staticmethod
+    def _gc_acked(txn: Transaction | KVEngine, gc_id: int) -> set[int]:
+        prefix = keys.GC_ACK + _U64.pack(gc_id)
+        return {struct.unpack(">I", k[len(prefix) :])[0] for k, _ in txn.scan_prefix(prefix)}
+
+    def _finish_if_done(self, txn: Transaction, item: cluster_pb2.GCItem) -> bool:
+        acked = self._gc_acked(txn, item.gc_id)
+        with self._lock:
+            required = self._gc_required(item)
+        if not required <= acked:
+            return False
+        txn.delete(keys.gc_key(item.gc_id))
+        for tid in acked:
+            txn.delete(keys.gc_ack_key(item.gc_id, tid))
+        return True
+
+    def _known_targets(self, target_ids) -> dict[int, int]:
+        """target id -> chain id, InvalidArgument for an unknown target."""
+        out = {}
+        with self._lock:
+            for tid in target_ids:
+                info = self._targets.get(tid)
+                if info is None:
+                    raise errors.InvalidArgument(f"unknown target {tid}")
+                out[tid] = info.chain_id
+        return out
+
+    def fetch_gc(self, req: cluster_pb2.FetchGCRequest) -> cluster_pb2.FetchGCResponse:
+        """Queued items on the chains of ``req.target_ids`` that one of them has not acked."""
+        chains = self._known_targets(req.target_ids)
+        limit = min(req.limit or DEFAULT_GC_LIMIT, MAX_GC_LIMIT)
+        resp = cluster_pb2.FetchGCResponse()
+        if not any(chains.values()):
+            return resp
+        for key, raw in self.engine.scan_prefix(keys.GC):
+            item = self._gc_item(key, raw)
+            members = set(item.chains)
+            for tid, cid in chains.items():
+                if cid in members and self.engine.get(keys.gc_ack_key(item.gc_id, tid)) is None:
+                    resp.items.append(item)
+                    break
+            if len(resp.items) >= limit:
+                break
+        return resp
+
+    def ack_gc(self, req: cluster_pb2.AckGCRequest) -> cluster_pb2.AckGCResponse:
+        """Record that a target dropped the chunks of items; remove items every target dropped."""
+        chain_id = self._known_targets([req.target_id])[req.target_id]
+        if len(req.gc_ids) > MAX_GC_ACKS:
+            raise errors.InvalidArgument(f"more than {MAX_GC_ACKS} acknowledgements at once")
+
+        def ack(txn: Transaction) -> None:
+            for gc_id in dict.fromkeys(req.gc_ids):
+                raw = txn.get(keys.gc_key(gc_id))
+                if raw is None:
+                    continue  # already gone: a repeated acknowledgement
+                item = self._gc_item(keys.gc_key(gc_id), raw)
+                if chain_id == 0 or chain_id not in item.chains:
+                    continue  # not an item of this target's chain
+                txn.put(keys.gc_ack_key(gc_id, req.target_id), b"")
+                self._finish_if_done(txn, item)
+
+        with self._gc_lock:
+            run_transaction(self.engine, ack)
+        return cluster_pb2.AckGCResponse()
+
+    def collect_gc(self) -> int:
+        """Remove every item all of whose required targets acked; the number removed."""
+        removed = 0
+        for key, raw in list(self.engine.scan_prefix(keys.GC)):
+            item = self._gc_item(key, raw)
+
+            def finish(txn: Transaction, key=key, item=item) -> bool:
+                if txn.get(key) is None:
+                    return False
+                return self._finish_if_done(txn, item)
+
+            with self._gc_lock:
+                if run_transaction(self.engine, finish):
+                    removed += 1
+        return removed
+
+    def pending_gc(self, limit: int | None = None) -> list[PendingGC]:
+        """Queued GC items with the targets that acked and those still to ack."""
+        out = []
+        for key, raw in self.engine.scan_prefix(keys.GC, limit=limit):
+            item = self._gc_item(key, raw)
+            acked = self._gc_acked(self.engine, item.gc_id)
+            with self._lock:
+                required = self._gc_required(item)
+            out.append(PendingGC(item, sorted(acked), sorted(required - acked)))
+        return out

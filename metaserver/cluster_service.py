@@ -1,0 +1,63 @@
+"""The gRPC ``ClusterService``: a thin adapter over :class:`ClusterManager`.
+
+Each method hands the request to the manager and maps typed errors to gRPC
+status codes (with the ``emberfs-errno`` trailer) through
+:func:`emberfs.common.errors.to_grpc`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from emberfs.common import errors
+from emberfs.metaserver.cluster import ClusterManager
+from emberfs.proto import cluster_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
+    """Serves node registration, heartbeats, routing, resync reports and the GC queue.
+
+    Parameters
+    ----------
+    cluster : ClusterManager
+        The manager that holds and changes the cluster state.
+    """
+
+    def __init__(self, cluster: ClusterManager):
+        self.cluster = cluster
+
+    def _call(self, method, request, context: grpc.ServicerContext):
+        try:
+            return method(request)
+        except errors.EmberError as exc:
+            errors.to_grpc(context, exc)
+        except Exception as exc:  # a bug: report it as INTERNAL, keep serving
+            log.exception("ClusterService call failed")
+            errors.to_grpc(context, errors.Internal(f"{type(exc).__name__}: {exc}"))
+
+    def RegisterNode(self, request, context):
+        return self._call(self.cluster.register_node, request, context)
+
+    def Heartbeat(self, request, context):
+        return self._call(self.cluster.heartbeat, request, context)
+
+    def GetRouting(self, request, context):
+        return self._call(self.cluster.get_routing, request, context)
+
+    def SyncDone(self, request, context):
+        return self._call(self.cluster.sync_done, request, context)
+
+    def FetchGC(self, request, context):
+        return self._call(self.cluster.fetch_gc, request, context)
+
+    def AckGC(self, request, context):
+        return self._call(self.cluster.ack_gc, request, context)
+
+
+def add_to_server(servicer: ClusterServicer, server: grpc.Server) -> None:
+    """Register ``servicer`` as the ``ClusterService`` of ``server``."""
+    cluster_pb2_grpc.add_ClusterServiceServicer_to_server(servicer, server)

@@ -1,0 +1,236 @@
+"""The ``emberfs metaserver`` process.
+
+One RocksDB under ``DATA_DIR/meta`` holds the namespace and the cluster
+state. One gRPC server on ``--listen`` serves ``MetaService`` and
+``ClusterService``; the admin REST API runs on ``--admin-listen`` (uvicorn in
+a thread); a background thread applies heartbeat timeouts. Once both servers
+listen, the process prints ``READY metaserver <grpc address> admin <http
+address>`` on stdout; SIGTERM or SIGINT stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import socket
+import sys
+import threading
+from concurrent import futures
+from functools import partial
+from pathlib import Path
+
+import grpc
+
+from emberfs.common import layout as layout_rules
+from emberfs.metaserver import cluster_service
+from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.kv import KVEngine, RocksEngine
+from emberfs.metaserver.truncate import truncate_chunks
+from emberfs.proto import common_pb2
+
+log = logging.getLogger("emberfs.metaserver")
+
+GRPC_WORKERS = 32
+GC_SWEEP_INTERVAL = 10.0
+_NAMESPACE_MODULES = ("emberfs.metaserver.namespace", "emberfs.metaserver.service")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="emberfs metaserver",
+        description="Run the metaserver: namespace, cluster manager and admin API.",
+    )
+    p.add_argument("--data-dir", required=True, help="directory of the metadata store")
+    p.add_argument("--listen", default="127.0.0.1:9400", help="gRPC HOST:PORT (port 0: any)")
+    p.add_argument(
+        "--admin-listen", default="127.0.0.1:9401", help="admin HTTP HOST:PORT (port 0: any)"
+    )
+    p.add_argument("--replicas", type=int, default=3, help="targets per chain (default 3)")
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=5.0,
+        help="seconds without heartbeats before a node's targets go offline (default 5)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=layout_rules.DEFAULT_CHUNK_SIZE,
+        help="default chunk size in bytes, a power of two (default 4 MiB)",
+    )
+    p.add_argument(
+        "--stripe",
+        type=int,
+        default=layout_rules.DEFAULT_STRIPE,
+        help="default number of chains per file (default 4)",
+    )
+    p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    args = p.parse_args(argv)
+    if args.replicas < 1:
+        p.error("--replicas must be at least 1")
+    if not args.heartbeat_timeout > 0:
+        p.error("--heartbeat-timeout must be positive")
+    try:
+        layout_rules.validate_chunk_size(args.chunk_size)
+    except ValueError as exc:
+        p.error(f"--chunk-size: {exc}")
+    if not 1 <= args.stripe <= layout_rules.MAX_STRIPE:
+        p.error(f"--stripe must be between 1 and {layout_rules.MAX_STRIPE}")
+    for opt in ("listen", "admin_listen"):
+        try:
+            split_address(getattr(args, opt))
+        except ValueError as exc:
+            p.error(f"--{opt.replace('_', '-')}: {exc}")
+    return args
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) to ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def add_namespace(
+    engine: KVEngine, cluster: ClusterManager, server: grpc.Server, args: argparse.Namespace
+):
+    """Build the namespace and add ``MetaService`` to ``server``; the namespace.
+
+    Returns None (after a warning) when this installation has no namespace
+    modules, so the cluster side still runs.
+    """
+    try:
+        service = importlib.import_module("emberfs.metaserver.service")
+        Namespace = importlib.import_module("emberfs.metaserver.namespace").Namespace
+    except ModuleNotFoundError as exc:
+        if exc.name not in _NAMESPACE_MODULES:
+            raise
+        print(f"emberfs metaserver: {exc.name} is missing; MetaService is off", file=sys.stderr)
+        return None
+    namespace = Namespace(
+        engine,
+        chain_table=cluster.chain_table,
+        truncate_chunks=partial(truncate_chunks, cluster),
+        usage=cluster.usage,
+        default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
+    )
+    service.add_to_server(service.MetaServicer(namespace), server)
+    return namespace
+
+
+def _timeout_loop(cluster: ClusterManager, stop: threading.Event, interval: float) -> None:
+    since_sweep = 0.0
+    while not stop.wait(interval):
+        try:
+            cluster.check_timeouts()
+            since_sweep += interval
+            if since_sweep >= GC_SWEEP_INTERVAL:
+                since_sweep = 0.0
+                cluster.collect_gc()
+        except Exception:
+            log.exception("cluster timeout check failed")
+
+
+def _start_admin(app, address: str):
+    import uvicorn
+
+    host, port = split_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="admin-http", daemon=True
+    )
+    thread.start()
+    return server, thread, sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the metaserver until SIGTERM or SIGINT; the exit code."""
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    engine = RocksEngine(Path(args.data_dir) / "meta")
+    grpc_server = None
+    admin = None
+    checker = None
+    try:
+        cluster = ClusterManager(
+            engine, replicas=args.replicas, heartbeat_timeout=args.heartbeat_timeout
+        )
+        grpc_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        namespace = add_namespace(engine, cluster, grpc_server, args)
+        cluster_service.add_to_server(cluster_service.ClusterServicer(cluster), grpc_server)
+        host, _ = split_address(args.listen)
+        try:
+            port = grpc_server.add_insecure_port(args.listen)
+        except RuntimeError as exc:
+            port = 0
+            log.error("cannot listen on %s: %s", args.listen, exc)
+        if not port:
+            print(f"emberfs metaserver: cannot listen on {args.listen}", file=sys.stderr)
+            return 1
+        grpc_server.start()
+
+        from emberfs.metaserver.admin import create_app
+
+        try:
+            admin = _start_admin(create_app(cluster, namespace), args.admin_listen)
+        except OSError as exc:
+            print(
+                f"emberfs metaserver: cannot listen on {args.admin_listen}: {exc}", file=sys.stderr
+            )
+            return 1
+        server, thread, sock = admin
+        while not server.started and thread.is_alive() and not stop.wait(0.01):
+            pass
+        if not server.started:
+            if not stop.is_set():
+                print("emberfs metaserver: the admin API did not start", file=sys.stderr)
+                return 1
+            return 0
+
+        interval = min(0.5, args.heartbeat_timeout / 4)
+        checker = threading.Thread(
+            target=_timeout_loop, args=(cluster, stop, interval), name="timeouts", daemon=True
+        )
+        checker.start()
+        admin_host, admin_port = sock.getsockname()[:2]
+        print(
+            f"READY metaserver {join_address(host, port)} admin {join_address(admin_host, admin_port)}",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+        return 0
+    finally:
+        stop.set()
+        if grpc_server is not None:
+            grpc_server.stop(grace=2).wait()
+        if admin is not None:
+            server, thread, _ = admin
+            server.should_exit = True
+            thread.join(timeout=5)
+        if checker is not None:
+            checker.join(timeout=5)
+        engine.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

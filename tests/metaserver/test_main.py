@@ -1,0 +1,227 @@
+"""The ``emberfs metaserver`` process: real process, real gRPC and HTTP, kill -9 and restart."""
+
+from __future__ import annotations
+
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import httpx
+import pytest
+
+from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2, meta_pb2, meta_pb2_grpc
+
+HEARTBEAT_TIMEOUT = 1.5
+
+
+class Metaserver:
+    """One ``emberfs metaserver`` child process on ephemeral ports."""
+
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "emberfs.cli.main",
+            "metaserver",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--heartbeat-timeout",
+            str(HEARTBEAT_TIMEOUT),
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.2):
+                line = self.proc.stdout.readline()
+                if line.startswith("READY metaserver"):
+                    _, _, grpc_addr, _, admin_addr = line.split()
+                    self.grpc_address = grpc_addr
+                    self.admin_url = f"http://{admin_addr}"
+                    return
+                if not line:
+                    break
+            if self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"metaserver did not become ready (exit code {self.proc.poll()})")
+
+    def kill(self, sig=signal.SIGKILL) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=15)
+        finally:
+            self.proc.stdout.close()
+            self.proc = None
+
+
+@pytest.fixture
+def metaserver(tmp_path):
+    m = Metaserver(tmp_path / "meta")
+    try:
+        yield m
+    finally:
+        m.kill()
+
+
+class Nodes:
+    """Fake storage nodes that register and heartbeat over real gRPC."""
+
+    def __init__(self, address: str):
+        self.connect(address)
+        self.beating: set[str] = set()
+        self.version = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def connect(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.stub = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+
+    def _beat(self) -> None:
+        while not self.stop.wait(0.2):
+            for node in sorted(self.beating):
+                try:
+                    self.stub.Heartbeat(cluster_pb2.HeartbeatRequest(node_id=node), timeout=1)
+                except grpc.RpcError:
+                    pass  # the metaserver is down for a moment
+
+    def routing(self) -> common_pb2.RoutingInfo:
+        return self.stub.GetRouting(cluster_pb2.GetRoutingRequest(), timeout=5).routing
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def chains_json(url: str) -> list[dict]:
+    return httpx.get(f"{url}/api/v1/chains", timeout=5).json()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_failover_and_restart_keep_chains_and_versions(metaserver):
+    metaserver.start()
+    nodes = Nodes(metaserver.grpc_address)
+    try:
+        for i, node in enumerate(("a", "b", "c")):
+            r = nodes.stub.RegisterNode(
+                cluster_pb2.RegisterNodeRequest(
+                    node_id=node,
+                    data_address=f"127.0.0.1:{7000 + 10 * i}",
+                    grpc_address=f"127.0.0.1:{7001 + 10 * i}",
+                    targets=[cluster_pb2.TargetReport(capacity=1 << 30) for _ in range(2)],
+                ),
+                timeout=5,
+            )
+            assert list(r.target_ids) == [2 * i + 1, 2 * i + 2]
+            nodes.beating.add(node)
+        nodes.thread.start()
+
+        routing = nodes.routing()
+        assert [(c.chain_id, c.version, list(c.targets)) for c in routing.chains] == [
+            (1, 1, [1, 3, 5]),
+            (2, 1, [4, 6, 2]),
+        ]
+        assert chains_json(metaserver.admin_url)[0] == {
+            "id": 1,
+            "version": 1,
+            "targets": [{"id": t, "state": "serving"} for t in (1, 3, 5)],
+        }
+
+        # MetaService on the same port sees the cluster: capacity and chains for new files
+        meta = meta_pb2_grpc.MetaServiceStub(nodes.channel)
+        ctx = common_pb2.RequestContext(client_id="test", request_id=1)
+        assert meta.StatFs(meta_pb2.StatFsRequest(ctx=ctx), timeout=5).capacity == 6 << 30
+        created = meta.Create(meta_pb2.CreateRequest(ctx=ctx, path="/f", mode=0o644), timeout=5)
+        assert sorted(created.attr.layout.chains) == [1, 2]
+
+        nodes.beating.discard("c")  # node c stops heartbeating
+        routing = wait_for(
+            lambda: (r := nodes.routing()) and r.targets[4].state == common_pb2.OFFLINE and r,
+            10,
+            "target 5 to go offline",
+        )
+        assert [(c.chain_id, c.version, list(c.targets)) for c in routing.chains] == [
+            (1, 2, [1, 3, 5]),
+            (2, 2, [4, 2, 6]),
+        ]
+        served = {t.target_id: t.state for t in routing.targets}
+        assert [served[t] for t in (1, 2, 3, 4)] == [common_pb2.SERVING] * 4
+        assert served[6] == common_pb2.OFFLINE
+        chains = chains_json(metaserver.admin_url)
+        assert chains[1] == {
+            "id": 2,
+            "version": 2,
+            "targets": [
+                {"id": 4, "state": "serving"},
+                {"id": 2, "state": "serving"},
+                {"id": 6, "state": "offline"},
+            ],
+        }
+        targets = httpx.get(f"{metaserver.admin_url}/api/v1/targets", timeout=5).json()
+        assert targets[4]["state"] == "offline" and targets[4]["node"] == "c"
+
+        assert metaserver.kill(signal.SIGKILL) == -signal.SIGKILL
+        metaserver.start()
+        nodes.connect(metaserver.grpc_address)
+        after = nodes.routing()
+        assert after.version == routing.version
+        assert list(after.chains) == list(routing.chains)
+        assert [(t.target_id, t.state, t.chain_id) for t in after.targets] == [
+            (t.target_id, t.state, t.chain_id) for t in routing.targets
+        ]
+        assert chains_json(metaserver.admin_url) == chains
+        meta = meta_pb2_grpc.MetaServiceStub(nodes.channel)
+        stat = meta.Stat(meta_pb2.StatRequest(ctx=ctx, path="/f"), timeout=5)
+        assert stat.attr.inode == created.attr.inode  # one store for namespace and cluster
+
+        # a and b keep heartbeating: past the timeout they still serve, c stays offline
+        time.sleep(HEARTBEAT_TIMEOUT + 1.0)
+        assert nodes.routing() == after
+        # c comes back: its targets resync
+        nodes.beating.add("c")
+        r = wait_for(
+            lambda: (r := nodes.routing()) and r.targets[4].state == common_pb2.SYNCING and r,
+            10,
+            "target 5 to sync",
+        )
+        assert [c.version for c in r.chains] == [3, 3]
+        assert metaserver.kill(signal.SIGTERM) == 0
+    finally:
+        nodes.stop.set()
+        nodes.channel.close()
+
+
+def test_bad_arguments_exit_with_usage_error(tmp_path):
+    for args in (["--chunk-size", "1000"], ["--replicas", "0"], ["--listen", "nowhere"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "emberfs.cli.main", "metaserver", "--data-dir", str(tmp_path)]
+            + args,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "emberfs metaserver" in proc.stderr
