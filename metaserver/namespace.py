@@ -1,0 +1,319 @@
+"""The namespace facade: one method per MetaService call, each one transaction.
+
+:class:`Namespace` owns the metadata store's namespace part (inodes,
+directory entries, write sessions, stored request results) and runs every
+operation of :mod:`emberfs.metaserver.ops` inside
+:func:`~emberfs.metaserver.kv.run_transaction`, so the store never holds
+half an operation. Mutating requests that carry a client id and request id
+are deduplicated (:mod:`emberfs.metaserver.ops.idempotency`).
+
+On first start the root directory (inode 1) is created with mode 0o777,
+owned by uid 0, so that any uid can create entries in it; tighten it with
+SetAttr. Inode ids come from a ``CONF`` counter and are never reused.
+
+Directory entries are added and removed without writing the parent
+directory's inode, so creates in one directory never conflict with each
+other: a directory's mtime and ctime change only with its own attributes,
+and its nlink stays 2. Emptiness checks use the directory's entry guard
+instead (see :mod:`emberfs.metaserver.schema`).
+
+The inode counts behind :meth:`Namespace.counts` are kept in memory: one
+scan of the inodes at start-up, then adjusted after each commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import Message
+
+from emberfs.common import layout as layouts
+from emberfs.common.errors import Unavailable
+from emberfs.metaserver import keys, schema
+from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
+from emberfs.metaserver.ops import (
+    create,
+    idempotency,
+    layout,
+    links,
+    listing,
+    mkdir,
+    remove,
+    rename,
+    sessions,
+    stat,
+    statfs,
+    truncate,
+)
+from emberfs.metaserver.ops import setattr as setattr_op
+from emberfs.metaserver.ops.context import Credentials, IdAllocator, NamespaceEnv, OpContext
+from emberfs.proto import common_pb2, meta_pb2
+
+ROOT_MODE = 0o777
+PRUNE_INTERVAL_NS = 60 * 10**9
+
+Op = Callable[[OpContext, Any], Message]
+
+
+class Namespace:
+    """The file system namespace over a :class:`~emberfs.metaserver.kv.KVEngine`.
+
+    Parameters
+    ----------
+    engine : KVEngine
+        The metadata store.
+    chain_table : callable
+        Returns the ids of the chains new files may use (empty while no
+        chain exists; creating a file then fails with Unavailable).
+    truncate_chunks : callable, optional
+        ``truncate_chunks(attr, new_length)`` cuts a file's chunks on storage
+        and raises Unavailable on failure; called before a shrinking
+        truncate or an OPEN_TRUNCATE of a non-empty file commits. None (the
+        default) skips the storage side, for a namespace without storage.
+    usage : callable, optional
+        Returns ``(capacity, used)`` bytes of storage, for StatFs. Default ``(0, 0)``.
+    default_layout : common_pb2.Layout, optional
+        The layout of directories that set none (default: 4 MiB chunks,
+        stripe 4, all chains).
+    clock : callable, optional
+        Wall-clock time in nanoseconds (default ``time.time_ns``).
+
+    Every method takes a MetaService request message and returns its
+    response message, raising :class:`emberfs.common.errors.EmberError`
+    subclasses on failure.
+    """
+
+    def __init__(
+        self,
+        engine: KVEngine,
+        *,
+        chain_table: Callable[[], list[int]],
+        truncate_chunks: Callable[[common_pb2.InodeAttr, int], None] | None = None,
+        usage: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        default_layout: common_pb2.Layout | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ):
+        if default_layout is None:
+            default_layout = common_pb2.Layout(
+                chunk_size=layouts.DEFAULT_CHUNK_SIZE, stripe=layouts.DEFAULT_STRIPE
+            )
+        layouts.validate_chunk_size(default_layout.chunk_size)
+        if not 1 <= default_layout.stripe <= layouts.MAX_STRIPE:
+            raise ValueError(f"stripe {default_layout.stripe} is outside 1..{layouts.MAX_STRIPE}")
+        self.engine = engine
+        self._clock = clock
+        self._usage = usage
+        self._env = NamespaceEnv(
+            clock=clock,
+            chain_table=chain_table,
+            truncate_chunks=truncate_chunks,
+            default_layout=layout.dir_layout(default_layout),
+            inode_ids=IdAllocator(engine, "next_inode", first=schema.ROOT_INODE + 1),
+            seeds=IdAllocator(engine, "next_seed", first=0),
+            session_ids=IdAllocator(engine, "next_session", first=1),
+        )
+        self._counts_lock = threading.Lock()
+        self._prune_lock = threading.Lock()
+        self._prune_cursor: bytes | None = None
+        self._last_prune = clock()
+        run_transaction(engine, self._make_root)
+        self._by_type = self._scan_counts()
+
+    # set-up ---------------------------------------------------------------
+
+    def _make_root(self, txn: Transaction) -> None:
+        key = keys.inode_key(schema.ROOT_INODE)
+        if txn.get(key) is not None:
+            return
+        now = self._clock()
+        root = common_pb2.InodeAttr(
+            inode=schema.ROOT_INODE,
+            type=common_pb2.DIRECTORY,
+            mode=ROOT_MODE,
+            nlink=2,
+            mtime_ns=now,
+            ctime_ns=now,
+            crtime_ns=now,
+        )
+        txn.put(key, schema.encode_inode(root))
+
+    def _scan_counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for _, raw in self.engine.scan_prefix(keys.INODE):
+            file_type = schema.decode_inode(raw).type
+            counts[file_type] = counts.get(file_type, 0) + 1
+        return counts
+
+    # running operations -----------------------------------------------------
+
+    def _run(self, fn: Op, req: Any, method: str | None) -> Message:
+        """Run ``fn(op, req)`` in one transaction; ``method`` set: deduplicate by request id."""
+        ctx = req.ctx
+        creds = Credentials.from_request(ctx)
+        dedup = method is not None and bool(ctx.client_id) and ctx.request_id != 0
+        last: list[OpContext] = []
+
+        def attempt(txn: Transaction) -> Message:
+            op = OpContext(txn, creds, self._env, self._clock(), client_id=ctx.client_id)
+            last[:] = [op]
+            if dedup:
+                prior = idempotency.find(
+                    txn, ctx.client_id, ctx.request_id, method, _RESPONSES[method]
+                )
+                if prior is not None:
+                    return prior
+            response = fn(op, req)
+            if dedup:
+                idempotency.store(txn, ctx.client_id, ctx.request_id, method, response, op.now)
+            return response
+
+        try:
+            response = run_transaction(self.engine, attempt)
+        except Conflict:
+            raise Unavailable("the namespace is too busy; retry") from None
+        if last and last[0].delta:
+            with self._counts_lock:
+                for file_type, n in last[0].delta.items():
+                    self._by_type[file_type] = self._by_type.get(file_type, 0) + n
+        if method is not None:
+            self._maybe_prune()
+        return response
+
+    def _maybe_prune(self) -> None:
+        now = self._clock()
+        if now - self._last_prune < PRUNE_INTERVAL_NS or not self._prune_lock.acquire(False):
+            return
+        try:
+            self._last_prune = now
+            self._prune_cursor = idempotency.prune_expired(
+                self.engine, now, start=self._prune_cursor
+            )
+        finally:
+            self._prune_lock.release()
+
+    # read-only calls --------------------------------------------------------
+
+    def stat(self, req: meta_pb2.StatRequest) -> meta_pb2.StatResponse:
+        """Attributes of a path or inode id."""
+        return self._run(stat.stat, req, None)
+
+    def batch_stat(self, req: meta_pb2.BatchStatRequest) -> meta_pb2.BatchStatResponse:
+        """Attributes of many paths, with an errno per failed path."""
+        return self._run(stat.batch_stat, req, None)
+
+    def list(self, req: meta_pb2.ListRequest) -> meta_pb2.ListResponse:
+        """A page of a directory's entries with their attributes."""
+        return self._run(listing.list_dir, req, None)
+
+    def readlink(self, req: meta_pb2.ReadlinkRequest) -> meta_pb2.ReadlinkResponse:
+        """The target of a symlink."""
+        return self._run(links.readlink, req, None)
+
+    def statfs(self, req: meta_pb2.StatFsRequest) -> meta_pb2.StatFsResponse:
+        """Storage capacity and usage, and inode counts."""
+        Credentials.from_request(req.ctx)
+        return statfs.statfs(self._usage(), self.counts())
+
+    # mutating calls ---------------------------------------------------------
+
+    def mkdir(self, req: meta_pb2.MkdirRequest) -> meta_pb2.MkdirResponse:
+        """Make a directory (with ``parents``, the missing path)."""
+        return self._run(mkdir.mkdir, req, "Mkdir")
+
+    def create(self, req: meta_pb2.CreateRequest) -> meta_pb2.CreateResponse:
+        """Create a regular file."""
+        return self._run(create.create, req, "Create")
+
+    def open(self, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse:
+        """Open a file; write opens start a write session."""
+        method = "Open" if sessions.is_mutating_open(req.flags) else None
+        return self._run(sessions.open_file, req, method)
+
+    def sync(self, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
+        """Set the exact length of a file open for write."""
+        return self._run(sessions.sync, req, "Sync")
+
+    def close(self, req: meta_pb2.CloseRequest) -> meta_pb2.CloseResponse:
+        """End a write session."""
+        return self._run(sessions.close, req, "Close")
+
+    def remove(self, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveResponse:
+        """Remove a file, symlink, directory or (``recursive``) tree."""
+        return self._run(remove.remove, req, "Remove")
+
+    def rename(self, req: meta_pb2.RenameRequest) -> meta_pb2.RenameResponse:
+        """Move an entry atomically."""
+        return self._run(rename.rename, req, "Rename")
+
+    def symlink(self, req: meta_pb2.SymlinkRequest) -> meta_pb2.SymlinkResponse:
+        """Make a symlink."""
+        return self._run(links.symlink, req, "Symlink")
+
+    def hardlink(self, req: meta_pb2.HardlinkRequest) -> meta_pb2.HardlinkResponse:
+        """Add another entry for a file."""
+        return self._run(links.hardlink, req, "Hardlink")
+
+    def truncate(self, req: meta_pb2.TruncateRequest) -> meta_pb2.TruncateResponse:
+        """Set a file's length."""
+        return self._run(truncate.truncate, req, "Truncate")
+
+    def setattr(self, req: meta_pb2.SetAttrRequest) -> meta_pb2.SetAttrResponse:
+        """Change mode, owner, group or mtime."""
+        return self._run(setattr_op.setattr_, req, "SetAttr")
+
+    def set_layout(self, req: meta_pb2.SetLayoutRequest) -> meta_pb2.SetLayoutResponse:
+        """Set the layout of a directory."""
+        return self._run(layout.set_layout, req, "SetLayout")
+
+    # state for StatFs and the admin API -------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """Inode counts: ``inodes``, ``files``, ``directories``, ``symlinks``, ``sessions``."""
+        with self._counts_lock:
+            by_type = dict(self._by_type)
+        return {
+            "inodes": sum(by_type.values()),
+            "files": by_type.get(common_pb2.FILE, 0),
+            "directories": by_type.get(common_pb2.DIRECTORY, 0),
+            "symlinks": by_type.get(common_pb2.SYMLINK, 0),
+            "sessions": sum(
+                1
+                for key, _ in self.engine.scan_prefix(keys.SESSION)
+                if schema.is_session_record(key)
+            ),
+        }
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """Open write sessions: ``inode``, ``session_id``, ``client_id``, ``since`` (ns)."""
+        return [
+            {
+                "inode": s.inode,
+                "session_id": s.session_id,
+                "client_id": s.client_id,
+                "since": s.since_ns,
+            }
+            for s in (
+                schema.decode_session(key, raw)
+                for key, raw in self.engine.scan_prefix(keys.SESSION)
+                if schema.is_session_record(key)
+            )
+        ]
+
+
+_RESPONSES: dict[str, type[Message]] = {
+    "Mkdir": meta_pb2.MkdirResponse,
+    "Create": meta_pb2.CreateResponse,
+    "Open": meta_pb2.OpenResponse,
+    "Sync": meta_pb2.SyncResponse,
+    "Close": meta_pb2.CloseResponse,
+    "Remove": meta_pb2.RemoveResponse,
+    "Rename": meta_pb2.RenameResponse,
+    "Symlink": meta_pb2.SymlinkResponse,
+    "Hardlink": meta_pb2.HardlinkResponse,
+    "Truncate": meta_pb2.TruncateResponse,
+    "SetAttr": meta_pb2.SetAttrResponse,
+    "SetLayout": meta_pb2.SetLayoutResponse,
+}

@@ -1,0 +1,206 @@
+"""What every namespace operation runs against: one transaction and its caller.
+
+An :class:`OpContext` lives for one attempt of one operation. It wraps the
+:class:`~emberfs.metaserver.kv.Transaction`, the caller's credentials, the
+time of the attempt and the namespace's environment (id allocators, chain
+table, storage callbacks), and offers typed accessors for inodes, directory
+entries, sessions and the GC queue. It also counts the inodes the attempt
+creates and drops, which the namespace applies to its counters once the
+transaction has committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from emberfs.common.errors import Internal, InvalidArgument
+from emberfs.metaserver import keys, schema
+from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
+from emberfs.proto import cluster_pb2, common_pb2
+
+MAX_CLIENT_ID_BYTES = 256
+MAX_GROUPS = 64
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Who is asking: uid, primary gid and supplementary groups."""
+
+    uid: int
+    gid: int
+    groups: frozenset[int]
+
+    @classmethod
+    def from_request(cls, ctx: common_pb2.RequestContext) -> Credentials:
+        """The credentials of a request (uid 0 when the request carries none)."""
+        if len(ctx.groups) > MAX_GROUPS:
+            raise InvalidArgument(f"more than {MAX_GROUPS} supplementary groups")
+        if len(ctx.client_id.encode("utf-8", "surrogateescape")) > MAX_CLIENT_ID_BYTES:
+            raise InvalidArgument(f"client id longer than {MAX_CLIENT_ID_BYTES} bytes")
+        if "\0" in ctx.client_id:
+            raise InvalidArgument("NUL in client id")
+        return cls(ctx.uid, ctx.gid, frozenset(ctx.groups))
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+    def in_group(self, gid: int) -> bool:
+        return gid == self.gid or gid in self.groups
+
+
+class IdAllocator:
+    """Hands out increasing 64-bit ids from a ``CONF`` counter, in reserved blocks.
+
+    Each block of ``block`` ids is reserved by its own small transaction, so
+    the operations that take ids never touch (and never conflict on) the
+    counter. Ids are never reused; a restart skips the rest of a block.
+    """
+
+    def __init__(self, engine: KVEngine, name: str, *, first: int = 1, block: int = 1024):
+        self._engine = engine
+        self._key = keys.config_key(name)
+        self._first = first
+        self._block = block
+        self._lock = threading.Lock()
+        self._next = 0
+        self._end = 0
+
+    def _reserve(self, txn: Transaction) -> int:
+        start = max(schema.decode_counter(txn.get(self._key)), self._first)
+        txn.put(self._key, schema.encode_counter(start + self._block))
+        return start
+
+    def next(self) -> int:
+        """The next unused id."""
+        with self._lock:
+            if self._next >= self._end:
+                start = run_transaction(self._engine, self._reserve)
+                self._next, self._end = start, start + self._block
+            value = self._next
+            self._next += 1
+            return value
+
+
+@dataclass
+class NamespaceEnv:
+    """The parts of the namespace that operations use besides the transaction."""
+
+    clock: Callable[[], int]
+    chain_table: Callable[[], list[int]]
+    truncate_chunks: Callable[[common_pb2.InodeAttr, int], None] | None
+    default_layout: common_pb2.Layout
+    inode_ids: IdAllocator
+    seeds: IdAllocator
+    session_ids: IdAllocator
+
+
+@dataclass
+class OpContext:
+    """One attempt of one operation: transaction, caller, time and environment."""
+
+    txn: Transaction
+    creds: Credentials
+    env: NamespaceEnv
+    now: int
+    client_id: str = ""
+    delta: dict[int, int] = field(default_factory=dict)  # FileType -> inodes added
+
+    # inodes -------------------------------------------------------------
+
+    def get_inode(self, inode: int) -> common_pb2.InodeAttr | None:
+        raw = self.txn.get(keys.inode_key(inode))
+        return None if raw is None else schema.decode_inode(raw)
+
+    def load_inode(self, inode: int) -> common_pb2.InodeAttr:
+        """An inode that a directory entry or session refers to (Internal if absent)."""
+        attr = self.get_inode(inode)
+        if attr is None:
+            raise Internal(f"inode {inode} is referenced but missing")
+        return attr
+
+    def put_inode(self, attr: common_pb2.InodeAttr) -> None:
+        self.txn.put(keys.inode_key(attr.inode), schema.encode_inode(attr))
+
+    def new_inode(self, file_type: int, mode: int) -> common_pb2.InodeAttr:
+        """A fresh inode owned by the caller (not yet stored)."""
+        attr = common_pb2.InodeAttr(
+            inode=self.env.inode_ids.next(),
+            type=file_type,
+            mode=mode & 0o7777,
+            uid=self.creds.uid,
+            gid=self.creds.gid,
+            mtime_ns=self.now,
+            ctime_ns=self.now,
+            crtime_ns=self.now,
+            nlink=1,
+        )
+        self.delta[file_type] = self.delta.get(file_type, 0) + 1
+        return attr
+
+    def delete_inode(self, attr: common_pb2.InodeAttr) -> None:
+        self.txn.delete(keys.inode_key(attr.inode))
+        self.delta[attr.type] = self.delta.get(attr.type, 0) - 1
+        if attr.type == common_pb2.DIRECTORY:
+            self.txn.delete(schema.dir_guard_key(attr.inode))
+        elif attr.type == common_pb2.FILE:
+            self.txn.delete(schema.session_guard_key(attr.inode))
+
+    # directory entries ----------------------------------------------------
+
+    def get_dentry(self, parent: int, name: str) -> schema.Dentry | None:
+        raw = self.txn.get(keys.dentry_key(parent, name))
+        return None if raw is None else schema.decode_dentry(raw)
+
+    def put_dentry(self, parent: int, name: str, attr: common_pb2.InodeAttr) -> None:
+        """Add or replace an entry, and move the directory's entry guard."""
+        self.txn.put(keys.dentry_key(parent, name), schema.encode_dentry(attr.inode, attr.type))
+        self.txn.put(schema.dir_guard_key(parent), schema.new_guard_value())
+
+    def delete_dentry(self, parent: int, name: str) -> None:
+        self.txn.delete(keys.dentry_key(parent, name))
+
+    def entries(self, directory: int, start_after: str | None = None, limit: int | None = None):
+        """(name, Dentry) pairs of a directory in name order."""
+        prefix = keys.dentry_prefix(directory)
+        after = prefix if start_after is None else keys.dentry_key(directory, start_after)
+        for key, raw in self.txn.scan_prefix(prefix, start_after=after, limit=limit):
+            yield keys.dentry_name(key), schema.decode_dentry(raw)
+
+    def is_empty_dir(self, directory: int) -> bool:
+        """True when a directory has no entries; reads its guard, so a racing insert conflicts."""
+        self.txn.get(schema.dir_guard_key(directory))
+        return next(iter(self.entries(directory, limit=1)), None) is None
+
+    # write sessions -------------------------------------------------------
+
+    def sessions_of(self, inode: int) -> list[schema.Session]:
+        """The open write sessions of a file; reads its guard, so a racing open conflicts."""
+        guard = schema.session_guard_key(inode)
+        self.txn.get(guard)
+        return [schema.decode_session(key, raw) for key, raw in self.txn.scan_prefix(guard, guard)]
+
+    def get_session(self, inode: int, session_id: int) -> bytes | None:
+        return self.txn.get(keys.session_key(inode, session_id))
+
+    def add_session(self, inode: int) -> int:
+        session_id = self.env.session_ids.next()
+        self.txn.put(
+            keys.session_key(inode, session_id),
+            schema.encode_session(self.client_id, self.now),
+        )
+        self.txn.put(schema.session_guard_key(inode), schema.new_guard_value())
+        return session_id
+
+    def end_session(self, inode: int, session_id: int) -> None:
+        self.txn.delete(keys.session_key(inode, session_id))
+        self.txn.put(schema.session_guard_key(inode), schema.new_guard_value())
+
+    # garbage collection ---------------------------------------------------
+
+    def queue_gc(self, attr: common_pb2.InodeAttr) -> None:
+        """Queue the chunks of a removed file for deletion on storage."""
+        item = cluster_pb2.GCItem(gc_id=attr.inode, inode=attr.inode, chains=attr.layout.chains)
+        self.txn.put(keys.gc_key(attr.inode), item.SerializeToString())

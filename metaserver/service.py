@@ -1,0 +1,102 @@
+"""The MetaService gRPC adapter: requests in, namespace calls, responses out.
+
+Typed errors become a gRPC status plus the ``emberfs-errno`` trailer in one
+place (:func:`emberfs.common.errors.to_grpc`); anything unexpected is logged
+with its traceback and answered with INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from emberfs.common import errors
+from emberfs.metaserver.namespace import Namespace
+from emberfs.proto import meta_pb2, meta_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
+    """Serves MetaService from a :class:`~emberfs.metaserver.namespace.Namespace`.
+
+    Parameters
+    ----------
+    namespace : Namespace
+        The namespace every call goes to.
+    """
+
+    def __init__(self, namespace: Namespace):
+        self.namespace = namespace
+
+    def _call(self, fn: Callable[[Any], Any], request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(request)
+        except errors.EmberError as exc:
+            errors.to_grpc(context, exc)
+        except Exception:
+            log.exception("MetaService call %s failed", getattr(fn, "__name__", fn))
+            context.set_trailing_metadata(((errors.ERRNO_KEY, str(errors.Internal.errno)),))
+            context.abort(grpc.StatusCode.INTERNAL, "internal error in the metaserver")
+
+    def Stat(self, request, context):
+        return self._call(self.namespace.stat, request, context)
+
+    def BatchStat(self, request, context):
+        return self._call(self.namespace.batch_stat, request, context)
+
+    def Mkdir(self, request, context):
+        return self._call(self.namespace.mkdir, request, context)
+
+    def Create(self, request, context):
+        return self._call(self.namespace.create, request, context)
+
+    def Open(self, request, context):
+        return self._call(self.namespace.open, request, context)
+
+    def Sync(self, request, context):
+        return self._call(self.namespace.sync, request, context)
+
+    def Close(self, request, context):
+        return self._call(self.namespace.close, request, context)
+
+    def List(self, request, context):
+        return self._call(self.namespace.list, request, context)
+
+    def Remove(self, request, context):
+        return self._call(self.namespace.remove, request, context)
+
+    def Rename(self, request, context):
+        return self._call(self.namespace.rename, request, context)
+
+    def Symlink(self, request, context):
+        return self._call(self.namespace.symlink, request, context)
+
+    def Readlink(self, request, context):
+        return self._call(self.namespace.readlink, request, context)
+
+    def Hardlink(self, request, context):
+        return self._call(self.namespace.hardlink, request, context)
+
+    def Truncate(self, request, context):
+        return self._call(self.namespace.truncate, request, context)
+
+    def SetAttr(self, request, context):
+        return self._call(self.namespace.setattr, request, context)
+
+    def StatFs(self, request, context):
+        return self._call(self.namespace.statfs, request, context)
+
+    def SetLayout(self, request, context):
+        return self._call(self.namespace.set_layout, request, context)
+
+    def Ping(self, request, context):
+        return meta_pb2.PingResponse()
+
+
+def add_to_server(servicer: MetaServicer, server: grpc.Server) -> None:
+    """Register ``servicer`` as the MetaService of ``server``."""
+    meta_pb2_grpc.add_MetaServiceServicer_to_server(servicer, server)

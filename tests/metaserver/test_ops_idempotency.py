@@ -1,0 +1,212 @@
+"""Retried requests apply once; racing transactions retry through the guard keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from emberfs.common import errors
+from emberfs.metaserver import keys
+from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.ops import idempotency
+from emberfs.proto import common_pb2, meta_pb2
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_000_000_000
+
+    def __call__(self):
+        self.now += 1000
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def ns(clock):
+    return Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3], clock=clock)
+
+
+def ctx(request_id, client="client-a"):
+    return common_pb2.RequestContext(client_id=client, request_id=request_id)
+
+
+def idem_keys(ns):
+    return [k for k, _ in ns.engine.scan_prefix(keys.IDEMPOTENT)]
+
+
+def test_mkdir_retry_returns_first_result(ns):
+    first = ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1), path="/d"))
+    again = ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1), path="/d"))
+    assert again == first
+    assert ns.counts()["directories"] == 2
+    with pytest.raises(errors.AlreadyExists):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(2), path="/d"))
+    with pytest.raises(errors.AlreadyExists):  # request id 0: no deduplication
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(0), path="/d"))
+    with pytest.raises(errors.AlreadyExists):  # another client's id 1 is another request
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1, "client-b"), path="/d"))
+
+
+def test_mutations_apply_once(ns):
+    created = ns.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f", exclusive=True))
+    assert ns.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f", exclusive=True)) == created
+    link = ns.hardlink(meta_pb2.HardlinkRequest(ctx=ctx(2), src="/f", dst="/g"))
+    assert ns.hardlink(meta_pb2.HardlinkRequest(ctx=ctx(2), src="/f", dst="/g")) == link
+    assert ns.stat(meta_pb2.StatRequest(path="/f")).attr.nlink == 2
+    opened = ns.open(meta_pb2.OpenRequest(ctx=ctx(3), path="/f", flags=meta_pb2.OPEN_WRITE))
+    assert ns.open(meta_pb2.OpenRequest(ctx=ctx(3), path="/f", flags=meta_pb2.OPEN_WRITE)) == opened
+    assert len(ns.sessions()) == 1
+    close = meta_pb2.CloseRequest(
+        ctx=ctx(4), inode=opened.attr.inode, session_id=opened.session_id, length=9, wrote=True
+    )
+    assert ns.close(close) == ns.close(close)
+    moved = ns.rename(meta_pb2.RenameRequest(ctx=ctx(5), src="/g", dst="/h"))
+    assert ns.rename(meta_pb2.RenameRequest(ctx=ctx(5), src="/g", dst="/h")) == moved
+    removed = ns.remove(meta_pb2.RemoveRequest(ctx=ctx(6), path="/h"))
+    assert ns.remove(meta_pb2.RemoveRequest(ctx=ctx(6), path="/h")) == removed
+    assert ns.stat(meta_pb2.StatRequest(path="/f")).attr.nlink == 1
+    assert len(idem_keys(ns)) == 6
+
+
+def test_failures_are_not_stored(ns):
+    with pytest.raises(errors.NotFound):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(7), path="/x/y"))
+    assert idem_keys(ns) == []
+    ns.mkdir(meta_pb2.MkdirRequest(path="/x"))
+    assert (
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(7), path="/x/y")).attr.type == common_pb2.DIRECTORY
+    )
+
+
+def test_request_id_reused_for_another_method(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1), path="/d"))
+    with pytest.raises(errors.InvalidArgument):
+        ns.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f"))
+    assert ns.list(meta_pb2.ListRequest(path="/")).entries[0].name == "d"
+    assert len(ns.list(meta_pb2.ListRequest(path="/")).entries) == 1
+
+
+def test_read_only_calls_store_nothing(ns):
+    ns.create(meta_pb2.CreateRequest(path="/f"))
+    ns.stat(meta_pb2.StatRequest(ctx=ctx(1), path="/f"))
+    ns.open(meta_pb2.OpenRequest(ctx=ctx(2), path="/f"))
+    ns.list(meta_pb2.ListRequest(ctx=ctx(3), path="/"))
+    assert idem_keys(ns) == []
+
+
+def test_window_prunes_old_results_per_client(ns, monkeypatch):
+    window = 64
+    monkeypatch.setattr(idempotency, "WINDOW", window)
+    for rid in range(1, window + 40):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/d{rid}"))
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1, "client-b"), path="/other"))
+    kept_a = [k for k in idem_keys(ns) if k.startswith(idempotency.client_prefix("client-a"))]
+    assert len(kept_a) == window
+    assert keys.idempotent_key("client-a", 1) not in kept_a
+    assert keys.idempotent_key("client-a", window + 39) in kept_a
+    assert keys.idempotent_key("client-b", 1) in idem_keys(ns)
+
+
+def test_results_past_the_retry_horizon_are_pruned_per_client(ns, clock):
+    for rid in range(1, 5):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/a{rid}"))
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1, "client-b"), path="/b"))
+    clock.now += idempotency.RETRY_HORIZON_NS + 1
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(5), path="/a5"))
+    assert idem_keys(ns) == [keys.idempotent_key("client-a", 5), keys.idempotent_key("client-b", 1)]
+
+
+def test_expired_results_are_pruned(ns, clock):
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1), path="/old"))
+    clock.now += idempotency.MAX_AGE_NS + 1
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(2), path="/new"))  # also runs the periodic sweep
+    assert idem_keys(ns) == [keys.idempotent_key("client-a", 2)]
+    # a sweep in slices resumes where it stopped
+    for rid in range(3, 10):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid, "c2"), path=f"/s{rid}"))
+    clock.now += idempotency.MAX_AGE_NS + 1
+    cursor = idempotency.prune_expired(ns.engine, clock.now, limit=3)
+    assert cursor is not None
+    while cursor is not None:
+        cursor = idempotency.prune_expired(ns.engine, clock.now, start=cursor, limit=3)
+    assert idem_keys(ns) == []
+
+
+def racing(ns, action):
+    """Run ``action`` just before the next commit of ``ns``'s engine (a racing request)."""
+    real = ns.engine.commit
+    state = {"armed": True}
+
+    def commit(reads, puts, deletes):
+        if state["armed"]:
+            state["armed"] = False
+            action()
+        return real(reads, puts, deletes)
+
+    ns.engine.commit = commit
+
+
+def test_rmdir_racing_a_create_retries(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
+    racing(ns, lambda: ns.create(meta_pb2.CreateRequest(path="/d/late")))
+    with pytest.raises(errors.NotEmpty):
+        ns.remove(meta_pb2.RemoveRequest(path="/d"))
+    assert ns.stat(meta_pb2.StatRequest(path="/d/late")).attr.type == common_pb2.FILE
+
+
+def test_recursive_remove_racing_a_create_takes_it_too(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(path="/t/u", parents=True))
+    racing(ns, lambda: ns.create(meta_pb2.CreateRequest(path="/t/u/late")))
+    assert ns.remove(meta_pb2.RemoveRequest(path="/t", recursive=True)).removed == 3
+    assert [k for k, _ in ns.engine.scan_prefix(keys.INODE)] == [keys.inode_key(1)]
+
+
+def test_unlink_racing_a_write_open_keeps_the_inode(ns):
+    f = ns.create(meta_pb2.CreateRequest(path="/f")).attr
+    opened = {}
+    racing(
+        ns,
+        lambda: opened.update(
+            r=ns.open(meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE))
+        ),
+    )
+    ns.remove(meta_pb2.RemoveRequest(path="/f"))
+    assert list(ns.engine.scan_prefix(keys.GC)) == []
+    assert ns.stat(meta_pb2.StatRequest(inode=f.inode)).attr.nlink == 0
+    ns.close(meta_pb2.CloseRequest(inode=f.inode, session_id=opened["r"].session_id))
+    assert [k for k, _ in ns.engine.scan_prefix(keys.GC)] == [keys.gc_key(f.inode)]
+
+
+def test_two_racing_last_closes_queue_gc_once(ns):
+    s1 = ns.open(meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE))
+    s2 = ns.open(meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE))
+    inode = s1.attr.inode
+    ns.remove(meta_pb2.RemoveRequest(path="/f"))
+    racing(ns, lambda: ns.close(meta_pb2.CloseRequest(inode=inode, session_id=s2.session_id)))
+    ns.close(meta_pb2.CloseRequest(inode=inode, session_id=s1.session_id))
+    assert [k for k, _ in ns.engine.scan_prefix(keys.GC)] == [keys.gc_key(inode)]
+    assert ns.engine.get(keys.inode_key(inode)) is None
+
+
+def test_endless_conflicts_become_unavailable(ns):
+    d = ns.mkdir(meta_pb2.MkdirRequest(path="/d")).attr.inode
+    real = ns.engine.commit
+    attempts = []
+
+    def always_racing(reads, puts, deletes):
+        # another request moves the directory's entry guard before every commit
+        attempts.append(1)
+        ns.engine.write({keys.dentry_prefix(d): str(len(attempts)).encode()})
+        return real(reads, puts, deletes)
+
+    ns.engine.commit = always_racing
+    with pytest.raises(errors.Unavailable):
+        ns.remove(meta_pb2.RemoveRequest(path="/d"))
+    ns.engine.commit = real
+    assert len(attempts) == 16
+    assert ns.stat(meta_pb2.StatRequest(path="/d")).attr.type == common_pb2.DIRECTORY

@@ -1,0 +1,339 @@
+"""Namespace basics on the in-memory engine: mkdir, create, stat, list, links, attributes."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from emberfs.common import errors
+from emberfs.metaserver import keys
+from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.namespace import Namespace
+from emberfs.proto import common_pb2, meta_pb2
+
+FILE, DIRECTORY, SYMLINK = common_pb2.FILE, common_pb2.DIRECTORY, common_pb2.SYMLINK
+
+
+@pytest.fixture
+def ns():
+    return Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3, 4, 5, 6])
+
+
+def stat(ns, path, follow=True):
+    return ns.stat(meta_pb2.StatRequest(path=path, follow=follow)).attr
+
+
+def names(ns, path, **kw):
+    return [e.name for e in ns.list(meta_pb2.ListRequest(path=path, **kw)).entries]
+
+
+def test_root_exists_open_to_all(ns):
+    root = stat(ns, "/")
+    assert root.inode == 1 and root.type == DIRECTORY and root.mode == 0o777
+    assert stat(ns, "").inode == 1
+    assert ns.counts()["directories"] == 1
+
+
+def test_root_survives_restart_and_ids_are_never_reused():
+    engine = MemoryEngine()
+    ns = Namespace(engine, chain_table=lambda: [1])
+    a = ns.create(meta_pb2.CreateRequest(path="/a")).attr.inode
+    ns.remove(meta_pb2.RemoveRequest(path="/a"))
+    again = Namespace(engine, chain_table=lambda: [1])
+    assert again.counts()["inodes"] == 1
+    b = again.create(meta_pb2.CreateRequest(path="/a")).attr.inode
+    assert b > a > 1
+
+
+def test_mkdir_and_parents(ns):
+    d = ns.mkdir(meta_pb2.MkdirRequest(path="/a", mode=0o750)).attr
+    assert d.type == DIRECTORY and d.mode == 0o750 and d.nlink == 2
+    with pytest.raises(errors.AlreadyExists):
+        ns.mkdir(meta_pb2.MkdirRequest(path="/a"))
+    with pytest.raises(errors.NotFound):
+        ns.mkdir(meta_pb2.MkdirRequest(path="/x/y"))
+    deep = ns.mkdir(meta_pb2.MkdirRequest(path="/x/y/z", parents=True)).attr
+    assert stat(ns, "/x/y/z").inode == deep.inode
+    # an existing directory is fine with parents
+    assert (
+        ns.mkdir(meta_pb2.MkdirRequest(path="/x/y", parents=True)).attr.inode
+        == stat(ns, "/x/y").inode
+    )
+    assert ns.mkdir(meta_pb2.MkdirRequest(path="/", parents=True)).attr.inode == 1
+    ns.create(meta_pb2.CreateRequest(path="/x/f"))
+    with pytest.raises(errors.NotADirectory):
+        ns.mkdir(meta_pb2.MkdirRequest(path="/x/f/g", parents=True))
+    with pytest.raises(errors.NotADirectory):
+        ns.mkdir(meta_pb2.MkdirRequest(path="/x/f/g"))
+    assert ns.counts() == {
+        "inodes": 6,
+        "files": 1,
+        "directories": 5,
+        "symlinks": 0,
+        "sessions": 0,
+    }
+
+
+def test_create_exclusive_and_not(ns):
+    f = ns.create(meta_pb2.CreateRequest(path="/f", mode=0o600, exclusive=True)).attr
+    assert f.type == FILE and f.mode == 0o600 and f.size == 0 and f.nlink == 1
+    assert len(f.layout.chains) == 4 and f.layout.chunk_size == 4 << 20
+    with pytest.raises(errors.AlreadyExists):
+        ns.create(meta_pb2.CreateRequest(path="/f", exclusive=True))
+    assert ns.create(meta_pb2.CreateRequest(path="/f")).attr.inode == f.inode
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
+    with pytest.raises(errors.IsADirectory):
+        ns.create(meta_pb2.CreateRequest(path="/d"))
+    with pytest.raises(errors.NotFound):
+        ns.create(meta_pb2.CreateRequest(path="/nope/f"))
+    with pytest.raises(errors.NotADirectory):
+        ns.create(meta_pb2.CreateRequest(path="/f/g"))
+
+
+def test_create_without_chains_is_unavailable():
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [])
+    with pytest.raises(errors.Unavailable, match="no storage chains"):
+        ns.create(meta_pb2.CreateRequest(path="/f"))
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d"))  # directories need no chains
+    assert names(ns, "/") == ["d"]
+
+
+def test_stat_by_inode_and_batch(ns):
+    f = ns.create(meta_pb2.CreateRequest(path="/f")).attr
+    assert ns.stat(meta_pb2.StatRequest(inode=f.inode)).attr == f
+    with pytest.raises(errors.NotFound):
+        ns.stat(meta_pb2.StatRequest(inode=999))
+    with pytest.raises(errors.InvalidArgument):
+        ns.stat(meta_pb2.StatRequest(inode=f.inode, path="/f"))
+    out = ns.batch_stat(meta_pb2.BatchStatRequest(paths=["/f", "/missing", "/f/x", "/", "a\0b"]))
+    got = [(r.errno, r.attr.inode) for r in out.results]
+    assert got == [(0, f.inode), (errno.ENOENT, 0), (errno.ENOTDIR, 0), (0, 1), (errno.EINVAL, 0)]
+
+
+def test_validation_errors(ns):
+    with pytest.raises(errors.NameTooLong):
+        ns.create(meta_pb2.CreateRequest(path="/" + "x" * 256))
+    with pytest.raises(errors.NameTooLong):
+        stat(ns, "/a" * 2100)
+    for bad in ("/a/../b", "/a/./b", "/a\0b"):
+        with pytest.raises(errors.InvalidArgument):
+            ns.mkdir(meta_pb2.MkdirRequest(path=bad))
+    assert names(ns, "/") == []
+    with pytest.raises(errors.InvalidArgument):
+        ns.open(meta_pb2.OpenRequest(path="/f", flags=1 << 10))
+    with pytest.raises(errors.InvalidArgument):
+        ns.list(meta_pb2.ListRequest(path="/", start_after="a/b"))
+    with pytest.raises(errors.InvalidArgument):
+        ns.stat(meta_pb2.StatRequest(ctx=common_pb2.RequestContext(client_id="a\0b"), path="/"))
+
+
+def test_list_pages_through_ten_thousand_entries(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(path="/big"))
+    engine = ns.engine
+    # populate through the namespace, in a few big transactions' worth of requests
+    for i in range(10000):
+        ns.create(meta_pb2.CreateRequest(path=f"/big/f{i:05d}"))
+    seen = []
+    calls = 0
+    token = ""
+    while True:
+        page = ns.list(meta_pb2.ListRequest(path="/big", start_after=token))
+        calls += 1
+        seen.extend(e.name for e in page.entries)
+        assert all(e.attr.type == FILE and e.attr.inode for e in page.entries)
+        if not page.more:
+            break
+        token = page.entries[-1].name
+    assert calls <= 10
+    assert seen == [f"f{i:05d}" for i in range(10000)]
+    one = ns.list(meta_pb2.ListRequest(path="/big", limit=50000))
+    assert len(one.entries) == 10000 and not one.more
+    small = ns.list(meta_pb2.ListRequest(path="/big", limit=3, start_after="f09997"))
+    assert [e.name for e in small.entries] == ["f09998", "f09999"] and not small.more
+    assert engine.get(keys.dentry_key(stat(ns, "/big").inode, "f00000")) is not None
+
+
+def test_list_errors(ns):
+    ns.create(meta_pb2.CreateRequest(path="/f"))
+    with pytest.raises(errors.NotADirectory):
+        ns.list(meta_pb2.ListRequest(path="/f"))
+    with pytest.raises(errors.NotFound):
+        ns.list(meta_pb2.ListRequest(path="/missing"))
+
+
+def test_symlinks(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d/e", parents=True))
+    f = ns.create(meta_pb2.CreateRequest(path="/d/e/f")).attr
+    link = ns.symlink(meta_pb2.SymlinkRequest(path="/abs", target="/d/e")).attr
+    assert link.type == SYMLINK and link.size == 4
+    ns.symlink(meta_pb2.SymlinkRequest(path="/d/rel", target="e/f"))
+    ns.symlink(meta_pb2.SymlinkRequest(path="/d/e/up", target="../../d/./e"))
+    assert stat(ns, "/abs/f").inode == f.inode
+    assert stat(ns, "/d/rel").inode == f.inode
+    assert stat(ns, "/d/rel", follow=False).type == SYMLINK
+    assert stat(ns, "/d/e/up/up/up/f").inode == f.inode
+    assert ns.readlink(meta_pb2.ReadlinkRequest(path="/d/rel")).target == "e/f"
+    with pytest.raises(errors.InvalidArgument):
+        ns.readlink(meta_pb2.ReadlinkRequest(path="/d/e/f"))
+    with pytest.raises(errors.AlreadyExists):
+        ns.symlink(meta_pb2.SymlinkRequest(path="/abs", target="x"))
+    with pytest.raises(errors.InvalidArgument):
+        ns.symlink(meta_pb2.SymlinkRequest(path="/empty", target=""))
+    # loops
+    ns.symlink(meta_pb2.SymlinkRequest(path="/l1", target="/l2"))
+    ns.symlink(meta_pb2.SymlinkRequest(path="/l2", target="l1"))
+    with pytest.raises(errors.TooManyLinks):
+        stat(ns, "/l1")
+    with pytest.raises(errors.TooManyLinks):
+        stat(ns, "/l1/x", follow=False)
+    assert stat(ns, "/l1", follow=False).type == SYMLINK
+    # a dangling symlink: create makes its target
+    ns.symlink(meta_pb2.SymlinkRequest(path="/dangling", target="/d/new"))
+    with pytest.raises(errors.NotFound):
+        stat(ns, "/dangling")
+    made = ns.create(meta_pb2.CreateRequest(path="/dangling")).attr
+    assert stat(ns, "/d/new").inode == made.inode
+    with pytest.raises(errors.AlreadyExists):
+        ns.create(meta_pb2.CreateRequest(path="/dangling", exclusive=True))
+    # listing through a symlink to a directory
+    assert names(ns, "/abs") == ["f", "up"]
+    assert ns.counts()["symlinks"] == 6
+
+
+def test_hardlinks(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
+    f = ns.create(meta_pb2.CreateRequest(path="/f")).attr
+    linked = ns.hardlink(meta_pb2.HardlinkRequest(src="/f", dst="/d/g")).attr
+    assert linked.inode == f.inode and linked.nlink == 2
+    assert stat(ns, "/d/g").nlink == 2 and stat(ns, "/f").nlink == 2
+    with pytest.raises(errors.NotPermitted):
+        ns.hardlink(meta_pb2.HardlinkRequest(src="/d", dst="/d2"))
+    with pytest.raises(errors.AlreadyExists):
+        ns.hardlink(meta_pb2.HardlinkRequest(src="/f", dst="/d/g"))
+    with pytest.raises(errors.NotFound):
+        ns.hardlink(meta_pb2.HardlinkRequest(src="/nope", dst="/x"))
+    assert ns.counts()["files"] == 1
+
+
+def test_truncate_grow_and_shrink_calls_storage_first():
+    calls = []
+
+    def cut(attr, length):
+        calls.append((attr.inode, attr.size, length))
+
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
+    f = ns.create(meta_pb2.CreateRequest(path="/f")).attr
+    assert ns.truncate(meta_pb2.TruncateRequest(path="/f", length=1000)).attr.size == 1000
+    assert calls == []  # growing cuts nothing
+    assert ns.truncate(meta_pb2.TruncateRequest(path="/f", length=10)).attr.size == 10
+    assert calls == [(f.inode, 1000, 10)]
+    ns.truncate(meta_pb2.TruncateRequest(path="/f", length=10))
+    assert len(calls) == 1
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
+    with pytest.raises(errors.IsADirectory):
+        ns.truncate(meta_pb2.TruncateRequest(path="/d", length=0))
+    with pytest.raises(errors.InvalidArgument):
+        ns.truncate(meta_pb2.TruncateRequest(path="/f", length=1 << 63))
+
+
+def test_truncate_failure_on_storage_commits_nothing():
+    def fail(attr, length):
+        raise errors.Unavailable("chain down")
+
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=fail)
+    ns.create(meta_pb2.CreateRequest(path="/f"))
+    ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
+    with pytest.raises(errors.Unavailable):
+        ns.truncate(meta_pb2.TruncateRequest(path="/f", length=5))
+    assert stat(ns, "/f").size == 100
+    with pytest.raises(errors.Unavailable):
+        ns.open(meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_TRUNCATE))
+    assert stat(ns, "/f").size == 100 and ns.sessions() == []
+
+
+def test_setattr_and_statfs():
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], usage=lambda: (1000, 300))
+    ns.create(meta_pb2.CreateRequest(path="/f", mode=0o644))
+    attr = ns.setattr(
+        meta_pb2.SetAttrRequest(path="/f", mode=0o100600, uid=7, gid=8, mtime_ns=12345)
+    ).attr
+    assert (attr.mode, attr.uid, attr.gid, attr.mtime_ns) == (0o600, 7, 8, 12345)
+    assert attr.ctime_ns > 12345
+    assert stat(ns, "/f").uid == 7
+    # unset fields stay
+    assert ns.setattr(meta_pb2.SetAttrRequest(path="/f", mode=0)).attr.uid == 7
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
+    fs = ns.statfs(meta_pb2.StatFsRequest())
+    assert (fs.capacity, fs.used, fs.free) == (1000, 300, 700)
+    assert (fs.inodes, fs.files, fs.directories) == (3, 1, 2)
+
+
+def test_layouts_inherit_and_validate():
+    table = [10, 11, 12, 13, 14, 15, 16, 17]
+    ns = Namespace(
+        MemoryEngine(),
+        chain_table=lambda: table,
+        default_layout=common_pb2.Layout(chunk_size=1 << 20, stripe=2),
+    )
+    top = ns.create(meta_pb2.CreateRequest(path="/f")).attr.layout
+    assert top.chunk_size == 1 << 20 and top.stripe == 2 and len(top.chains) == 2
+    custom = common_pb2.Layout(chunk_size=256 << 10, stripe=3, chain_table=[12, 13, 14])
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d", layout=custom))
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d/sub/deeper", parents=True))
+    seeds = []
+    for i in range(6):
+        lay = ns.create(meta_pb2.CreateRequest(path=f"/d/sub/deeper/f{i}")).attr.layout
+        assert lay.chunk_size == 256 << 10 and lay.stripe == 3
+        assert sorted(lay.chains) == [12, 13, 14]
+        seeds.append(lay.seed)
+    assert seeds == sorted(seeds) and len(set(seeds)) == 6
+    # round-robin: consecutive files start at consecutive windows of the table
+    firsts = set()
+    for i in range(8):
+        lay = ns.create(meta_pb2.CreateRequest(path=f"/g{i}")).attr.layout
+        firsts.add(frozenset(lay.chains))
+    assert len(firsts) == 8
+    # set_layout on an existing directory, then clear it again
+    got = ns.set_layout(
+        meta_pb2.SetLayoutRequest(
+            path="/d", layout=common_pb2.Layout(chunk_size=64 << 20, stripe=1)
+        )
+    ).attr
+    assert got.layout.chunk_size == 64 << 20
+    lay = ns.create(meta_pb2.CreateRequest(path="/d/x")).attr.layout
+    assert lay.chunk_size == 64 << 20 and lay.stripe == 1
+    ns.set_layout(meta_pb2.SetLayoutRequest(path="/d", layout=common_pb2.Layout()))
+    assert ns.create(meta_pb2.CreateRequest(path="/d/y")).attr.layout.chunk_size == 1 << 20
+    bad = [
+        common_pb2.Layout(chunk_size=100_000, stripe=1),
+        common_pb2.Layout(chunk_size=32 << 10, stripe=1),
+        common_pb2.Layout(chunk_size=128 << 20, stripe=1),
+        common_pb2.Layout(chunk_size=1 << 20, stripe=0),
+        common_pb2.Layout(chunk_size=1 << 20, stripe=257),
+        common_pb2.Layout(chunk_size=1 << 20, stripe=1, chain_table=[99]),
+        common_pb2.Layout(chunk_size=1 << 20, stripe=1, chain_table=[10, 10]),
+        common_pb2.Layout(chunk_size=1 << 20, stripe=1, chains=[10]),
+        common_pb2.Layout(stripe=2),
+    ]
+    for layout in bad:
+        with pytest.raises(errors.InvalidArgument):
+            ns.set_layout(meta_pb2.SetLayoutRequest(path="/d", layout=layout))
+        with pytest.raises(errors.InvalidArgument):
+            ns.mkdir(meta_pb2.MkdirRequest(path="/bad", layout=layout))
+    assert "bad" not in names(ns, "/")
+    with pytest.raises(errors.NotADirectory):
+        ns.set_layout(
+            meta_pb2.SetLayoutRequest(
+                path="/f", layout=common_pb2.Layout(chunk_size=1 << 20, stripe=1)
+            )
+        )
+    # directories and symlinks have no chains
+    assert not stat(ns, "/d").layout.chains
+    assert not ns.symlink(meta_pb2.SymlinkRequest(path="/s", target="/f")).attr.layout.chains
+
+
+def test_stripe_capped_at_chain_count():
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [7, 8])
+    lay = ns.create(meta_pb2.CreateRequest(path="/f")).attr.layout
+    assert lay.stripe == 2 and sorted(lay.chains) == [7, 8]
