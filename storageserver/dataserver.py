@@ -1,0 +1,802 @@
+"""The storage node's framed-TCP data server: chunk reads, writes and truncation.
+
+One thread per connection processes that connection's requests in order.
+Every decision (may this target serve, which version, what to forward, what
+to answer) comes from :mod:`emberfs.storageserver.replication`; this module
+receives frames, touches the :class:`~emberfs.storageserver.chunkstore.ChunkStore`
+and talks to successors.
+
+A peer that stays silent between frames for ``idle_timeout`` seconds, or stops
+for ``frame_timeout`` seconds in the middle of a frame, is dropped; so is one
+that sends a malformed frame. A request whose frame arrived whole but whose
+content is invalid gets an error frame and the connection stays open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from emberfs.common import framing
+from emberfs.common.framing import Op, Status
+from emberfs.proto import data_pb2
+from emberfs.storageserver import metrics
+from emberfs.storageserver import replication as rp
+from emberfs.storageserver.chunkstore import ChunkStore, VersionConflict
+
+log = logging.getLogger(__name__)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too) into (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"invalid address {address!r}: expected HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    p = int(port)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"invalid port in {address!r}")
+    return host, p
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ConnectionPool:
+    """Idle data-protocol connections to other servers, kept per address.
+
+    Parameters
+    ----------
+    connect_timeout : float, default 5
+    io_timeout : float, default 30
+        Socket timeout while a request is in flight.
+    max_idle : int, default 8
+        Idle connections kept per address.
+    """
+
+    def __init__(self, connect_timeout: float = 5.0, io_timeout: float = 30.0, max_idle: int = 8):
+        self.connect_timeout = connect_timeout
+        self.io_timeout = io_timeout
+        self.max_idle = max_idle
+        self._idle: dict[str, list[socket.socket]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self, address: str) -> tuple[socket.socket, bool]:
+        """A connection to ``address`` and whether it was reused from the pool."""
+        with self._lock:
+            idle = self._idle.get(address)
+            if idle:
+                return idle.pop(), True
+        host, port = parse_address(address)
+        sock = socket.create_connection((host, port), timeout=self.connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.io_timeout)
+        return sock, False
+
+    def put(self, address: str, sock: socket.socket) -> None:
+        """Return a healthy connection (one with no unread bytes) to the pool."""
+        with self._lock:
+            idle = self._idle.setdefault(address, [])
+            if not self._closed and len(idle) < self.max_idle:
+                idle.append(sock)
+                return
+        sock.close()
+
+    def discard(self, address: str) -> None:
+        """Close every idle connection to ``address`` (its server went away)."""
+        with self._lock:
+            idle = self._idle.pop(address, [])
+        for sock in idle:
+            sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, {}
+        for socks in idle.values():
+            for sock in socks:
+                sock.close()
+
+
+def _answer(
+    pool: ConnectionPool, address: str, sock: socket.socket, op: int, frame: framing.Frame
+) -> tuple[int, str, bytes]:
+    if frame.header.op != op | framing.RESPONSE:
+        sock.close()
+        return Status.NOT_SERVING, f"{address}: unexpected answer op {frame.header.op}", b""
+    pool.put(address, sock)
+    status = frame.header.status
+    if status == Status.OK:
+        return Status.OK, "", frame.meta
+    try:
+        return status, data_pb2.ErrorResponse.FromString(frame.meta).message, frame.meta
+    except DecodeError:
+        return status, "", frame.meta
+
+
+class Exchange:
+    """A request sent on a pooled connection whose answer is collected later.
+
+    Sending first and reading the answer after some local work (staging the
+    update) overlaps the two. A failure on a reused connection (its server
+    restarted) drops the address's idle connections and the request is sent
+    again on a new one when :meth:`result` is called; receivers of forwarded
+    requests are idempotent.
+    """
+
+    def __init__(self, pool: ConnectionPool, address: str, op: int, meta: bytes, data, kwargs):
+        self._args = (pool, address, op, meta, data, kwargs)
+        self._sock: socket.socket | None = None
+        self._failed = ""
+        self._resend = False
+        try:
+            sock, reused = pool.get(address)
+        except OSError as exc:
+            self._failed = f"cannot connect to {address}: {exc}"
+            return
+        try:
+            framing.send_frame(sock, op, meta, data, **kwargs)
+        except (OSError, framing.FrameError) as exc:
+            sock.close()
+            if reused:
+                pool.discard(address)
+                self._resend = True
+            else:
+                self._failed = f"{address}: {exc}"
+            return
+        self._sock, self._reused = sock, reused
+
+    def _send_again(self) -> tuple[int, str, bytes]:
+        pool, address, op, meta, data, kwargs = self._args
+        try:
+            sock, _ = pool.get(address)
+            framing.send_frame(sock, op, meta, data, **kwargs)
+        except OSError as exc:
+            return Status.NOT_SERVING, f"cannot reach {address}: {exc}", b""
+        return self._receive(sock, reused=False)
+
+    def _receive(self, sock: socket.socket, reused: bool) -> tuple[int, str, bytes]:
+        pool, address, op, *_ = self._args
+        try:
+            frame = framing.recv_frame(sock)
+        except (OSError, framing.FrameError) as exc:
+            sock.close()
+            if reused:
+                pool.discard(address)
+                return self._send_again()
+            return Status.NOT_SERVING, f"{address}: {exc}", b""
+        return _answer(pool, address, sock, op, frame)
+
+    def result(self) -> tuple[int, str, bytes]:
+        """``(status, message, response meta)``; a transport failure gives NOT_SERVING."""
+        if self._failed:
+            return Status.NOT_SERVING, self._failed, b""
+        if self._resend:
+            return self._send_again()
+        sock, self._sock = self._sock, None
+        return self._receive(sock, self._reused)
+
+    def abandon(self) -> None:
+        """Drop the connection without reading the answer."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def call(
+    pool: ConnectionPool, address: str, op: int, meta: bytes, data=None, **send_kwargs
+) -> tuple[int, str, bytes]:
+    """One request/response exchange on a pooled connection (see :class:`Exchange`)."""
+    return Exchange(pool, address, op, meta, data, send_kwargs).result()
+
+
+class _RWLock:
+    """Shared/exclusive lock: chunk writes share an inode, truncation holds it alone."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class _LockTable:
+    """Locks made on demand per key and dropped when nobody holds or waits for them."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._locks: dict[tuple, list] = {}
+        self._guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def get(self, key: tuple) -> Iterator:
+        with self._guard:
+            entry = self._locks.get(key)
+            if entry is None:
+                entry = self._locks[key] = [self._factory(), 0]
+            entry[1] += 1
+        try:
+            yield entry[0]
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[key]
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+_OP_NAMES = {Op.READ: "read", Op.WRITE: "write", Op.TRUNCATE: "truncate"}
+
+
+def _target_of(frame: framing.Frame) -> str:
+    """The target a write frame names, as a metric label ("0" if unreadable)."""
+    try:
+        return str(data_pb2.ChunkWriteRequest.FromString(frame.meta).target_id)
+    except DecodeError:
+        return "0"
+
+
+@dataclass(slots=True)
+class _Update:
+    """An update on its way down the chain."""
+
+    req: data_pb2.ChunkWriteRequest
+    role: rp.WriteRole
+    data: memoryview
+    frame: framing.Frame
+    version: int
+    committed: int
+    full: bool
+    send_full: bool = False
+
+
+class _Conn:
+    __slots__ = ("sock", "peer", "responding", "status")
+
+    def __init__(self, sock: socket.socket, peer):
+        self.sock = sock
+        self.peer = peer
+        self.responding = False
+        self.status = Status.OK
+
+
+class DataServer:
+    """Serves the framed data protocol for the local targets of one node.
+
+    Parameters
+    ----------
+    host : str
+        Address to bind.
+    port : int
+        Port to bind (0: an ephemeral port, see :attr:`address`).
+    stores : callable
+        Returns the current ``{target_id: ChunkStore}`` of local targets.
+    routing : callable
+        Returns the node's newest :class:`~emberfs.storageserver.replication.RoutingView`.
+    max_connections : int, default 256
+        Connections beyond this get a BUSY error and are closed.
+    idle_timeout : float, default 30
+        Seconds a connection may stay silent between frames.
+    frame_timeout : float, default 10
+        Seconds a peer may stall in the middle of a frame.
+    forward_timeout : float, default 30
+        Seconds to wait for a successor's answer.
+    on_stale : callable, optional
+        Called when a chain version mismatch suggests the routing is old.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        stores: Callable[[], Mapping[int, ChunkStore]],
+        routing: Callable[[], rp.RoutingView],
+        max_connections: int = 256,
+        idle_timeout: float = 30.0,
+        frame_timeout: float = 10.0,
+        forward_timeout: float = 30.0,
+        on_stale: Callable[[], None] | None = None,
+    ):
+        self._stores = stores
+        self._routing = routing
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.frame_timeout = frame_timeout
+        self._on_stale = on_stale
+        self._pool = ConnectionPool(io_timeout=forward_timeout)
+        self._results = rp.ResultCache()
+        self._chunk_locks = _LockTable(threading.Lock)
+        self._inode_locks = _LockTable(_RWLock)
+        self._floors: dict[tuple[int, int, int], int] = {}
+        self._io: dict[int, list[int]] = {}  # target id -> [bytes read, bytes written]
+        self._io_lock = threading.Lock()
+        self._floors_lock = threading.Lock()
+        self._conns: set[_Conn] = set()
+        self._conns_lock = threading.Lock()
+        self._stopping = threading.Event()
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(sockaddr)
+        self._listener.listen(512)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> DataServer:
+        """Start accepting connections in a background thread."""
+        self._thread = threading.Thread(target=self._accept_loop, name="data-accept", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection and wait for the accept thread."""
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._conns_lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._pool.close()
+
+    def io_counters(self, target_id: int) -> tuple[int, int]:
+        """(bytes sent to readers, bytes stored by writes) of a target since start."""
+        with self._io_lock:
+            read, written = self._io.get(target_id, (0, 0))
+            return read, written
+
+    def _count(self, target_id: int, read: int = 0, written: int = 0) -> None:
+        with self._io_lock:
+            counters = self._io.setdefault(target_id, [0, 0])
+            counters[0] += read
+            counters[1] += written
+        if read:
+            metrics.count_read(target_id, read)
+        if written:
+            metrics.count_written(target_id, written)
+
+    @property
+    def connections(self) -> int:
+        """Open client connections."""
+        return len(self._conns)
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            secs = max(1, int(self.frame_timeout))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", secs, 0))
+            conn = _Conn(sock, peer)
+            with self._conns_lock:
+                full = len(self._conns) >= self.max_connections
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                with contextlib.suppress(OSError):
+                    sock.settimeout(1.0)
+                    framing.send_error(sock, Op.PING, Status.BUSY, "too many connections")
+                sock.close()
+                continue
+            threading.Thread(
+                target=self._serve, args=(conn,), name=f"data-{peer}", daemon=True
+            ).start()
+
+    # ------------------------------------------------------------------ connections
+
+    def _serve(self, conn: _Conn) -> None:
+        sock = conn.sock
+        try:
+            while not self._stopping.is_set():
+                sock.settimeout(self.idle_timeout)
+                try:
+                    if not sock.recv(1, socket.MSG_PEEK):
+                        return
+                except (TimeoutError, OSError):
+                    return
+                sock.settimeout(self.frame_timeout)
+                try:
+                    frame = framing.recv_frame(sock, check=False)
+                except (framing.FrameError, TimeoutError, OSError) as exc:
+                    log.info("dropping connection from %s: %s", conn.peer, exc)
+                    return
+                if not self._dispatch(conn, frame):
+                    return
+        finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
+            sock.close()
+
+    def _dispatch(self, conn: _Conn, frame: framing.Frame) -> bool:
+        """Handle one request; False when the connection must be closed."""
+        op = frame.header.op
+        if frame.header.is_response:
+            log.info("dropping connection from %s: it sent a response frame", conn.peer)
+            return False
+        conn.responding = False
+        conn.status = Status.INTERNAL
+        started = time.perf_counter()
+        try:
+            return self._handle(conn, op, frame)
+        finally:
+            name = _OP_NAMES.get(op)
+            if name is not None:
+                metrics.CHUNK_OPS.labels(name, framing.status_name(conn.status)).inc()
+                metrics.CHUNK_OP_LATENCY.labels(name).observe(time.perf_counter() - started)
+
+    def _handle(self, conn: _Conn, op: int, frame: framing.Frame) -> bool:
+        try:
+            if frame.data is not None:
+                try:
+                    framing.verify(frame.data, frame.crcs, frame.header.block_size)
+                except framing.ChecksumError as exc:
+                    metrics.CHECKSUM_ERRORS.labels(_target_of(frame)).inc()
+                    return self._error(conn, op, rp.Reject(Status.CHECKSUM, str(exc)))
+            if op == Op.READ:
+                self._read(conn, data_pb2.ChunkReadRequest.FromString(frame.meta))
+            elif op == Op.WRITE:
+                self._write(conn, data_pb2.ChunkWriteRequest.FromString(frame.meta), frame)
+            elif op == Op.TRUNCATE:
+                self._truncate(conn, data_pb2.ChunkTruncateRequest.FromString(frame.meta))
+            elif op == Op.PING:
+                self._respond(conn, op, b"")
+            else:
+                return self._error(conn, op, rp.Reject(Status.BAD_REQUEST, f"unknown op {op}"))
+            return True
+        except DecodeError as exc:
+            return self._error(conn, op, rp.Reject(Status.BAD_REQUEST, f"bad request: {exc}"))
+        except (OSError, framing.FrameError) as exc:
+            if conn.responding:
+                log.info("connection to %s lost while answering: %s", conn.peer, exc)
+                return False
+            log.exception("request from %s failed", conn.peer)
+            return self._error(conn, op, rp.Reject(Status.INTERNAL, f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            log.exception("request from %s failed", conn.peer)
+            if conn.responding:
+                return False
+            return self._error(conn, op, rp.Reject(Status.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    def _respond(self, conn: _Conn, op: int, meta: bytes) -> None:
+        conn.responding = True
+        conn.status = Status.OK
+        framing.send_frame(conn.sock, op | framing.RESPONSE, meta)
+
+    def _error(self, conn: _Conn, op: int, reject: rp.Reject) -> bool:
+        if reject.status == Status.STALE_CHAIN and self._on_stale is not None:
+            self._on_stale()
+        conn.responding = True
+        conn.status = reject.status
+        try:
+            framing.send_error(
+                conn.sock,
+                op,
+                reject.status,
+                reject.message,
+                routing_version=self._routing().version,
+            )
+        except OSError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ reads
+
+    def _read(self, conn: _Conn, req: data_pb2.ChunkReadRequest) -> None:
+        stores = self._stores()
+        reject = rp.check_read(self._routing(), stores.keys(), req)
+        if reject is not None:
+            self._error(conn, Op.READ, reject)
+            return
+        store = stores[req.target_id]
+        inode, index = req.chunk.inode, req.chunk.index
+        try:
+            fd, meta = store.open_committed(inode, index)
+        except KeyError:
+            plan = rp.plan_read(store.meta(inode, index), req.offset, req.length, store.block_size)
+            if isinstance(plan, rp.Reject):
+                self._error(conn, Op.READ, plan)
+                return
+            fd, meta = store.open_committed(inode, index)
+        try:
+            plan = rp.plan_read(meta, req.offset, req.length, store.block_size)
+            if isinstance(plan, rp.Reject):
+                self._error(conn, Op.READ, plan)
+                return
+            crcs = meta.crcs[plan.crc_first : plan.crc_first + plan.crc_count]
+            conn.responding = True
+            conn.status = Status.OK
+            # os.sendfile needs a blocking descriptor (a socket with a timeout is
+            # non-blocking underneath); SO_SNDTIMEO, set at accept, bounds each stall.
+            conn.sock.settimeout(None)
+            try:
+                framing.send_file_frame(
+                    conn.sock,
+                    Op.READ | framing.RESPONSE,
+                    plan.response().SerializeToString(),
+                    fd,
+                    plan.data_offset,
+                    plan.send_length,
+                    crcs,
+                    store.block_size,
+                )
+            finally:
+                conn.sock.settimeout(self.frame_timeout)
+            self._count(req.target_id, read=plan.send_length)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ writes
+
+    def _write(self, conn: _Conn, req: data_pb2.ChunkWriteRequest, frame: framing.Frame) -> None:
+        stores = self._stores()
+        data = frame.data if frame.data is not None else memoryview(b"")
+        role = rp.check_write(self._routing(), stores.keys(), req, len(data))
+        if isinstance(role, rp.Reject):
+            self._error(conn, Op.WRITE, role)
+            return
+        store = stores[req.target_id]
+        inode, index = req.chunk.inode, req.chunk.index
+        key = (req.target_id, inode, index)
+        idem = None
+        if role.kind == rp.WriteKind.CLIENT:
+            idem = rp.request_key(req.client_id, req.request_id, *key)
+        with (
+            self._inode_locks.get((req.target_id, inode)) as ilock,
+            ilock.shared(),
+            self._chunk_locks.get(key) as clock,
+            clock,
+        ):
+            cached = self._results.get(idem) if idem else None
+            if cached is not None:
+                result = cached
+            elif role.kind == rp.WriteKind.SYNC:
+                if store.install(inode, index, req.update_version, data):
+                    metrics.count_written(req.target_id, len(data))
+                meta = store.meta(inode, index)
+                result = data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
+            else:
+                result = self._apply_write(store, req, role, data, frame)
+                if idem and not isinstance(result, rp.Reject):
+                    self._results.put(idem, result)
+        if isinstance(result, rp.Reject):
+            self._error(conn, Op.WRITE, result)
+        else:
+            self._respond(conn, Op.WRITE, result.SerializeToString())
+
+    def _floor(self, key: tuple[int, int, int]) -> int:
+        with self._floors_lock:
+            return self._floors.get(key, 0)
+
+    def _set_floor(self, key: tuple[int, int, int], version: int | None) -> None:
+        with self._floors_lock:
+            if version is None:
+                self._floors.pop(key, None)
+            else:
+                self._floors[key] = max(version, self._floors.get(key, 0))
+
+    def _apply_write(
+        self,
+        store: ChunkStore,
+        req: data_pb2.ChunkWriteRequest,
+        role: rp.WriteRole,
+        data: memoryview,
+        frame: framing.Frame,
+    ) -> rp.Reject | data_pb2.ChunkWriteResponse:
+        """Forward down the chain while staging locally, then commit (the chunk lock is held).
+
+        The update goes to the successor before it is staged here, so both
+        write at once. If staging fails afterwards the successor may hold the
+        version: its number is never used again for this chunk (the floor),
+        and the next update's base version tells the successor to take the
+        full chunk.
+        """
+        inode, index = req.chunk.inode, req.chunk.index
+        key = (req.target_id, inode, index)
+        meta = store.meta(inode, index)
+        committed = rp.committed_version(meta)
+        if role.kind == rp.WriteKind.CLIENT:
+            version, full = rp.next_version(meta, self._floor(key)), False
+        else:
+            action = rp.plan_forwarded(meta, req)
+            if action == rp.Apply.ALREADY:
+                return data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
+            if action == rp.Apply.NEED_FULL:
+                return rp.Reject(Status.NOT_COMMITTED, rp.NEED_FULL_CHUNK)
+            version, full = req.update_version, action == rp.Apply.FULL
+        update = _Update(req, role, data, frame, version, committed, full)
+        exchange = None
+        if role.successor is not None:
+            update.send_full = full or rp.send_full_first(role.successor, req)
+            exchange = self._send_update(store, update)
+        try:
+            store.stage(
+                inode, index, version, req.offset, data, chunk_size=req.chunk_size, full_chunk=full
+            )
+        except BaseException as exc:
+            if exchange is not None:
+                exchange.abandon()
+                self._set_floor(key, version)
+            if isinstance(exc, VersionConflict):
+                return rp.Reject(Status.STALE_CHAIN, str(exc))
+            if isinstance(exc, ValueError):
+                return rp.Reject(Status.BAD_REQUEST, str(exc))
+            raise
+        try:
+            reject = self._await_update(store, update, exchange) if exchange else None
+        except BaseException:
+            store.abort(inode, index, version)
+            self._set_floor(key, version)
+            raise
+        if reject is not None:
+            store.abort(inode, index, version)
+            self._set_floor(key, version)
+            return reject
+        meta = store.commit(inode, index, version)
+        self._count(req.target_id, written=len(data))
+        if self._floor(key) and self._floor(key) <= version:
+            self._set_floor(key, None)
+        return data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
+
+    def _send_update(self, store: ChunkStore, u: _Update) -> Exchange:
+        """Send a staged (or about to be staged) update to the successor."""
+        req = u.req
+        if u.send_full and not u.full:
+            base = b""
+            if u.committed:
+                base, _ = store.read_committed(req.chunk.inode, req.chunk.index)
+            payload = rp.overlay(base, req.offset, u.data)
+            kwargs: dict = {"block_size": store.block_size}
+        else:
+            payload = u.data
+            kwargs = {"block_size": u.frame.header.block_size or store.block_size}
+            if u.frame.data is not None:
+                kwargs["crcs"] = list(u.frame.crcs)
+        fwd = rp.forward_request(
+            req,
+            u.role.successor,
+            chain_version=u.role.chain_version,
+            version=u.version,
+            base_version=u.committed,
+            full_chunk=u.send_full,
+        )
+        return Exchange(
+            self._pool,
+            u.role.successor.data_address,
+            Op.WRITE,
+            fwd.SerializeToString(),
+            payload if len(payload) else None,
+            kwargs,
+        )
+
+    def _await_update(self, store: ChunkStore, u: _Update, exchange: Exchange) -> rp.Reject | None:
+        """The successor's answer: None once it holds the update, else the upstream refusal."""
+        succ = u.role.successor
+        while True:
+            status, message, _ = exchange.result()
+            metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
+            outcome, upstream = rp.interpret_reply(status, message, u.send_full)
+            if outcome == rp.Reply.OK:
+                return None
+            if outcome == rp.Reply.RESEND_FULL:
+                u.send_full = True
+                exchange = self._send_update(store, u)
+                continue
+            if status == Status.STALE_CHAIN and self._on_stale is not None:
+                self._on_stale()
+            return rp.Reject(
+                upstream,
+                f"successor target {succ.target_id}: {framing.status_name(status)} {message}",
+            )
+
+    # ------------------------------------------------------------------ truncation
+
+    def _truncate(self, conn: _Conn, req: data_pb2.ChunkTruncateRequest) -> None:
+        stores = self._stores()
+        role = rp.check_truncate(self._routing(), stores.keys(), req)
+        if isinstance(role, rp.Reject):
+            self._error(conn, Op.TRUNCATE, role)
+            return
+        store = stores[req.target_id]
+        idem = None
+        if role.kind == rp.WriteKind.CLIENT:
+            idem = rp.request_key(req.client_id, req.request_id, req.target_id, req.inode, -1)
+        with self._inode_locks.get((req.target_id, req.inode)) as ilock, ilock.exclusive():
+            result = self._results.get(idem) if idem else None
+            if result is None:
+                result = self._apply_truncate(store, req, role)
+                if idem and not isinstance(result, rp.Reject):
+                    self._results.put(idem, result)
+        if isinstance(result, rp.Reject):
+            self._error(conn, Op.TRUNCATE, result)
+        else:
+            self._respond(conn, Op.TRUNCATE, result.SerializeToString())
+
+    def _apply_truncate(
+        self, store: ChunkStore, req: data_pb2.ChunkTruncateRequest, role: rp.WriteRole
+    ) -> rp.Reject | data_pb2.ChunkTruncateResponse:
+        chunks: list[tuple[int, int]] = []
+        after = None
+        while True:
+            page = store.list(inode=req.inode, after=after, limit=1000)
+            chunks.extend((m.index, m.length) for m in page)
+            if len(page) < 1000:
+                break
+            after = (page[-1].inode, page[-1].index)
+        steps = rp.plan_truncate(
+            chunks, req.length, req.chunk_size, req.stripe, req.stripe_position
+        )
+        for step in steps:
+            key = (req.target_id, req.inode, step.index)
+            with self._chunk_locks.get(key) as clock, clock:
+                if step.remove:
+                    store.remove(req.inode, step.index)
+                    self._set_floor(key, None)
+                    continue
+                meta = store.meta(req.inode, step.index)
+                version = rp.next_version(meta, self._floor(key))
+                store.stage_truncate(req.inode, step.index, version, step.length)
+                store.commit(req.inode, step.index, version)
+        if role.successor is not None:
+            fwd = rp.forward_truncate(req, role.successor)
+            status, message, _ = call(
+                self._pool, role.successor.data_address, Op.TRUNCATE, fwd.SerializeToString()
+            )
+            if status != Status.OK:
+                outcome, upstream = rp.interpret_reply(status, message, True)
+                return rp.Reject(
+                    upstream,
+                    f"successor target {role.successor.target_id}: "
+                    f"{framing.status_name(status)} {message}",
+                )
+        return data_pb2.ChunkTruncateResponse(chunks=len(steps))

@@ -1,0 +1,130 @@
+"""The ``emberfs storageserver`` process.
+
+Opens ``--targets`` targets under ``--data-dir``, serves the framed data
+protocol on ``--listen`` and ``StorageService`` on ``--grpc-listen`` (default:
+the data port + 1), registers with the metaserver at ``--meta`` and prints
+``READY storageserver <data address> grpc <grpc address>`` on stdout once it is
+registered and serving. SIGTERM or SIGINT stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from emberfs.storageserver.dataserver import parse_address
+from emberfs.storageserver.metrics import start_metrics_server
+from emberfs.storageserver.node import MAX_TARGETS, Node
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="emberfs storageserver",
+        description="Run one storage server: chunk targets, CRAQ replication, data protocol.",
+    )
+    p.add_argument("--data-dir", required=True, help="directory of the node's targets")
+    p.add_argument("--meta", required=True, help="metaserver HOST:PORT")
+    p.add_argument("--listen", required=True, help="data protocol HOST:PORT (port 0: any)")
+    p.add_argument(
+        "--grpc-listen", help="StorageService HOST:PORT (default: listen host, data port + 1)"
+    )
+    p.add_argument(
+        "--metrics-listen",
+        help="Prometheus /metrics HOST:PORT (default: listen host, data port + 2; 'off' disables)",
+    )
+    p.add_argument("--advertise", help="data HOST:PORT that others use (default: --listen)")
+    p.add_argument("--targets", type=int, default=1, help="number of targets (default 1)")
+    p.add_argument("--node-id", help="node id (default: kept in DATA_DIR/node_id)")
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=0.5,
+        help="seconds between heartbeats (default 0.5)",
+    )
+    p.add_argument(
+        "--fsync", action="store_true", help="fsync every chunk change (power-loss durability)"
+    )
+    p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    args = p.parse_args(argv)
+    for opt in ("meta", "listen", "grpc_listen", "advertise", "metrics_listen"):
+        value = getattr(args, opt)
+        if value is None or (opt == "metrics_listen" and value == "off"):
+            continue
+        try:
+            parse_address(value)
+        except ValueError as exc:
+            p.error(f"--{opt.replace('_', '-')}: {exc}")
+    if not 1 <= args.targets <= MAX_TARGETS:
+        p.error(f"--targets must be between 1 and {MAX_TARGETS}")
+    if not args.heartbeat_interval > 0:
+        p.error("--heartbeat-interval must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a storage server until SIGTERM or SIGINT; the exit code."""
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    node = Node(
+        Path(args.data_dir),
+        args.meta,
+        listen=args.listen,
+        grpc_listen=args.grpc_listen,
+        advertise=args.advertise,
+        targets=args.targets,
+        node_id=args.node_id,
+        heartbeat_interval=args.heartbeat_interval,
+        fsync=args.fsync,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: node.request_stop())
+    try:
+        try:
+            registered = node.start()
+        except (OSError, ValueError) as exc:
+            print(f"emberfs storageserver: {exc}", file=sys.stderr)
+            return 1
+        if registered:
+            metrics_server = _start_metrics(args, node)
+            print(
+                f"READY storageserver {node.listen_address} grpc {node.grpc_listen_address}",
+                flush=True,
+            )
+            while not node.wait(1.0):
+                pass
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
+        return 0
+    finally:
+        node.stop()
+
+
+def _start_metrics(args: argparse.Namespace, node: Node):
+    """Serve /metrics; a port that cannot be bound only costs the metrics (a warning)."""
+    if args.metrics_listen == "off":
+        return None
+    if args.metrics_listen:
+        host, port = parse_address(args.metrics_listen)
+    else:
+        host, data_port = parse_address(node.listen_address)
+        port = data_port + 2 if parse_address(args.listen)[1] else 0
+    try:
+        server, _ = start_metrics_server(host, port)
+    except OSError as exc:
+        print(
+            f"emberfs storageserver: metrics off, cannot listen on {host}:{port}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    return server
+
+
+if __name__ == "__main__":
+    sys.exit(main())

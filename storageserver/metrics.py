@@ -1,0 +1,154 @@
+"""Prometheus metrics of a storage server.
+
+The metric objects live in :data:`REGISTRY` (one per process, with the
+process and Python runtime collectors); the data server, the replication
+code and the resync worker bump them, and :func:`start_metrics_server` serves
+them on ``/metrics`` (the ``--metrics-listen`` address, by default the data
+port + 2).
+
+Metrics
+-------
+``emberfs_storage_read_bytes_total{target}``
+    Chunk data bytes sent to readers.
+``emberfs_storage_written_bytes_total{target}``
+    Chunk data bytes stored by writes (from clients, forwarded and resync copies).
+``emberfs_storage_chunk_ops_total{op, status}``
+    Chunk operations (``read``, ``write``, ``forward``, ``truncate``, ``remove``)
+    by framing status name (``OK``, ``STALE_CHAIN``, ...).
+``emberfs_storage_chunk_op_duration_seconds{op}``
+    Time to serve one chunk operation.
+``emberfs_storage_checksum_errors_total{target}``
+    Blocks whose CRC32C did not match (received data or data on disk).
+``emberfs_storage_resync_chunks_total{chain, action}``
+    Chunks a resync ``copied`` to or ``removed`` from a syncing successor.
+``emberfs_storage_resync_running{chain}``
+    1 while this node resyncs the chain's successor.
+``emberfs_storage_resyncs_total{result}``
+    Finished resyncs: ``done`` or ``failed``.
+"""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""Every metric of this storage server process."""
+
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
+
+BYTES_READ = Counter(
+    "emberfs_storage_read_bytes",
+    "Chunk data bytes sent to readers, by target.",
+    ["target"],
+    registry=REGISTRY,
+)
+BYTES_WRITTEN = Counter(
+    "emberfs_storage_written_bytes",
+    "Chunk data bytes stored by writes (client, forwarded, resync), by target.",
+    ["target"],
+    registry=REGISTRY,
+)
+CHUNK_OPS = Counter(
+    "emberfs_storage_chunk_ops",
+    "Chunk operations served, by operation and framing status.",
+    ["op", "status"],
+    registry=REGISTRY,
+)
+CHUNK_OP_LATENCY = Histogram(
+    "emberfs_storage_chunk_op_duration_seconds",
+    "Time to serve one chunk operation, by operation.",
+    ["op"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=REGISTRY,
+)
+CHECKSUM_ERRORS = Counter(
+    "emberfs_storage_checksum_errors",
+    "Blocks whose CRC32C did not match, by target.",
+    ["target"],
+    registry=REGISTRY,
+)
+RESYNC_CHUNKS = Counter(
+    "emberfs_storage_resync_chunks",
+    "Chunks a resync copied to or removed from a syncing successor, by chain.",
+    ["chain", "action"],
+    registry=REGISTRY,
+)
+RESYNC_RUNNING = Gauge(
+    "emberfs_storage_resync_running",
+    "1 while this node resyncs the successor of the chain.",
+    ["chain"],
+    registry=REGISTRY,
+)
+RESYNCS = Counter(
+    "emberfs_storage_resyncs",
+    "Finished resyncs, by result (done or failed).",
+    ["result"],
+    registry=REGISTRY,
+)
+
+_totals_lock = threading.Lock()
+_read_total: dict[int, int] = {}
+_written_total: dict[int, int] = {}
+
+
+def count_read(target_id: int, nbytes: int) -> None:
+    """Record ``nbytes`` of chunk data sent to a reader from ``target_id``."""
+    BYTES_READ.labels(str(target_id)).inc(nbytes)
+    with _totals_lock:
+        _read_total[target_id] = _read_total.get(target_id, 0) + nbytes
+
+
+def count_written(target_id: int, nbytes: int) -> None:
+    """Record ``nbytes`` of chunk data stored on ``target_id``."""
+    BYTES_WRITTEN.labels(str(target_id)).inc(nbytes)
+    with _totals_lock:
+        _written_total[target_id] = _written_total.get(target_id, 0) + nbytes
+
+
+def io_totals(target_id: int) -> tuple[int, int]:
+    """``(bytes read, bytes written)`` of a target since this process started.
+
+    What a heartbeat reports in ``TargetReport.bytes_read`` and
+    ``bytes_written``, so the metaserver can show cluster throughput.
+    """
+    with _totals_lock:
+        return _read_total.get(target_id, 0), _written_total.get(target_id, 0)
+
+
+def start_metrics_server(
+    host: str, port: int, registry: CollectorRegistry = REGISTRY
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``/metrics`` over HTTP on ``host:port`` (port 0: any) in a daemon thread.
+
+    Parameters
+    ----------
+    host : str
+        The address to bind (only this one).
+    port : int
+        The port; 0 picks a free one (read it from ``server.server_port``).
+    registry : CollectorRegistry, default REGISTRY
+
+    Returns
+    -------
+    (server, thread)
+        Stop it with ``server.shutdown(); server.server_close()``.
+
+    Raises
+    ------
+    OSError
+        The address cannot be bound.
+    """
+    return start_http_server(port, addr=host, registry=registry)

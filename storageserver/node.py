@@ -1,0 +1,459 @@
+"""A storage node: its targets, its servers and its conversation with the metaserver.
+
+A node owns ``--targets`` targets, ``DATA_DIR/target-<k>`` for k = 1..N, each a
+:class:`~emberfs.storageserver.chunkstore.ChunkStore`. It
+
+- serves the framed data protocol (:class:`~emberfs.storageserver.dataserver.DataServer`)
+  and the ``StorageService`` gRPC control plane;
+- registers with the metaserver's ``ClusterService`` (retrying until it
+  answers), keeping the target ids it is given in ``target-<k>/target_id`` and
+  its node id in ``DATA_DIR/node_id``;
+- sends a heartbeat with its targets' usage every ``heartbeat_interval``
+  seconds and keeps the newest routing information it hears of;
+- runs a background loop that drains the garbage-collection queue and, for
+  each local SERVING target whose successor is SYNCING, copies the chunks the
+  successor lacks (one resync per chain at a time) and reports ``SyncDone``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from emberfs.proto import cluster_pb2, cluster_pb2_grpc
+from emberfs.storageserver import metrics
+from emberfs.storageserver import replication as rp
+from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.dataserver import DataServer, format_address, parse_address
+from emberfs.storageserver.gc import run_gc_once
+from emberfs.storageserver.resync import sync_successor
+from emberfs.storageserver.service import StorageServicer, add_to_server
+
+log = logging.getLogger(__name__)
+
+RPC_TIMEOUT = 5.0
+GRPC_WORKERS = 16
+MAX_TARGETS = 64
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so a crash leaves the old or the new content."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_int(path: Path) -> int:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"{path} does not hold a target id: {text[:40]!r}")
+    return int(text)
+
+
+class Node:
+    """One storage server process's worth of state and threads.
+
+    Parameters
+    ----------
+    data_dir : Path
+        Root of the node's state (created if missing).
+    meta_address : str
+        ``HOST:PORT`` of the metaserver's ``ClusterService``.
+    listen : str
+        ``HOST:PORT`` of the data protocol (port 0: any free port).
+    grpc_listen : str, optional
+        ``HOST:PORT`` of ``StorageService``; default the listen host and the
+        data port + 1 (or any free port when the data port is 0).
+    advertise : str, optional
+        The data address other nodes and clients use; default the listen
+        address. The gRPC address is advertised on the same host.
+    targets : int, default 1
+        Number of targets (``target-1`` .. ``target-N``).
+    node_id : str, optional
+        Fixed node id; default the one stored in ``DATA_DIR/node_id`` (made
+        and stored at first start).
+    heartbeat_interval : float, default 0.5
+        Seconds between heartbeats.
+    fsync : bool, default False
+        Chunk stores fsync every change (power-loss durability).
+    background_interval : float, default 1.0
+        Seconds between garbage-collection / resync rounds.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        meta_address: str,
+        *,
+        listen: str,
+        grpc_listen: str | None = None,
+        advertise: str | None = None,
+        targets: int = 1,
+        node_id: str | None = None,
+        heartbeat_interval: float = 0.5,
+        fsync: bool = False,
+        background_interval: float = 1.0,
+    ):
+        if not 1 <= targets <= MAX_TARGETS:
+            raise ValueError(f"targets must be between 1 and {MAX_TARGETS}")
+        self.data_dir = Path(data_dir)
+        self.meta_address = meta_address
+        self.listen = parse_address(listen)
+        self.grpc_listen = parse_address(grpc_listen) if grpc_listen else None
+        self.advertise = parse_address(advertise) if advertise else None
+        self.n_targets = targets
+        self._node_id_arg = node_id
+        self.heartbeat_interval = heartbeat_interval
+        self.fsync = fsync
+        self.background_interval = background_interval
+
+        self.node_id = ""
+        self.data_address = ""  # advertised
+        self.grpc_address = ""
+        self.listen_address = ""  # bound
+        self.grpc_listen_address = ""
+        self._stores: dict[int, ChunkStore] = {}
+        self._local: list[ChunkStore] = []
+        self._view = rp.RoutingView()
+        self._view_lock = threading.Lock()
+        self._have_routing = False
+        self._target_ids: list[int] = []
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._syncs: dict[int, threading.Thread] = {}
+        self._sync_retry_at: dict[int, float] = {}
+        self._channel: grpc.Channel | None = None
+        self._cluster: cluster_pb2_grpc.ClusterServiceStub | None = None
+        self._data: DataServer | None = None
+        self._grpc: grpc.Server | None = None
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def stores(self) -> dict[int, ChunkStore]:
+        """``{target id: ChunkStore}`` of the registered local targets."""
+        return self._stores
+
+    @property
+    def routing(self) -> rp.RoutingView:
+        """The newest routing view the node knows."""
+        return self._view
+
+    def set_routing(self, routing) -> bool:
+        """Adopt ``routing`` (a ``RoutingInfo``) if it is newer than the current one."""
+        with self._view_lock:
+            if self._have_routing and routing.version <= self._view.version:
+                return False
+            self._view = rp.RoutingView.from_proto(routing)
+            self._have_routing = True
+            return True
+
+    def chain_of(self, target_id: int) -> int:
+        return self._view.chain_of(target_id)
+
+    def state_of(self, target_id: int) -> int:
+        return self._view.state(target_id)
+
+    def _reports(self) -> list[cluster_pb2.TargetReport]:
+        out = []
+        for store, tid in zip(self._local, self._target_ids, strict=True):
+            st = store.stats()
+            read, written = self._data.io_counters(tid) if self._data and tid else (0, 0)
+            out.append(
+                cluster_pb2.TargetReport(
+                    target_id=tid,
+                    capacity=st["capacity"],
+                    used=st["used"],
+                    chunks=st["chunks"],
+                    bytes_read=read,
+                    bytes_written=written,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _load_node_id(self) -> str:
+        if self._node_id_arg:
+            return self._node_id_arg
+        path = self.data_dir / "node_id"
+        if path.exists():
+            node_id = path.read_text().strip()
+            if node_id:
+                return node_id
+        node_id = f"{socket.gethostname()}-{secrets.token_hex(4)}"
+        _write_atomic(path, node_id + "\n")
+        return node_id
+
+    def start(self) -> bool:
+        """Open the targets, start both servers, register (retrying) and start the loops.
+
+        Returns False when :meth:`stop` was called before registration succeeded.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.node_id = self._load_node_id()
+        for k in range(1, self.n_targets + 1):
+            store = ChunkStore(self.data_dir / f"target-{k}", fsync=self.fsync)
+            self._local.append(store)
+            self._target_ids.append(_read_int(store.root / "target_id"))
+
+        host, port = self.listen
+        self._data = DataServer(
+            host,
+            port,
+            stores=lambda: self._stores,
+            routing=lambda: self._view,
+            on_stale=self._wake.set,
+        ).start()
+        data_port = self._data.address[1]
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="storage-grpc"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        add_to_server(
+            StorageServicer(
+                self.node_id, lambda: self._stores, self.chain_of, state_of=self.state_of
+            ),
+            self._grpc,
+        )
+        ghost, gport = self.grpc_listen or (host, data_port + 1 if port else 0)
+        try:
+            bound = self._grpc.add_insecure_port(format_address(ghost, gport))
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {format_address(ghost, gport)}: {exc}") from exc
+        if not bound:
+            raise OSError(f"cannot listen on {format_address(ghost, gport)}")
+        self._grpc.start()
+        self.listen_address = format_address(host, data_port)
+        self.grpc_listen_address = format_address(ghost, bound)
+        adv_host = self.advertise[0] if self.advertise else host
+        if adv_host in ("0.0.0.0", "::", ""):
+            adv_host = socket.gethostname()
+        adv_port = self.advertise[1] if self.advertise and self.advertise[1] else data_port
+        self.data_address = format_address(adv_host, adv_port)
+        self.grpc_address = format_address(adv_host, bound)
+
+        self._channel = grpc.insecure_channel(self.meta_address)
+        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+        if not self._register_until_done():
+            return False
+        for name, target in (("heartbeat", self._heartbeat_loop), ("background", self._bg_loop)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return True
+
+    def stop(self) -> None:
+        """Stop every thread and server; close the targets."""
+        self._stop.set()
+        self._wake.set()
+        if self._data is not None:
+            self._data.stop()
+        if self._grpc is not None:
+            self._grpc.stop(grace=1.0).wait(5)
+        for t in self._threads + list(self._syncs.values()):
+            t.join(timeout=10)
+        if self._channel is not None:
+            self._channel.close()
+        deadline = time.monotonic() + 5
+        while self._data is not None and self._data.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        busy = any(t.is_alive() for t in self._syncs.values())
+        if self._data is not None and self._data.connections or busy:
+            log.warning("requests still running at shutdown; target stores left open")
+            return
+        for store in self._local:
+            store.close()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`start` and :meth:`wait` to return (safe from a signal handler)."""
+        self._stop.set()
+        self._wake.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`stop` is called (or ``timeout``); whether it was."""
+        return self._stop.wait(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # ------------------------------------------------------------------ metaserver
+
+    def _register_once(self) -> None:
+        req = cluster_pb2.RegisterNodeRequest(
+            node_id=self.node_id,
+            data_address=self.data_address,
+            grpc_address=self.grpc_address,
+            targets=self._reports(),
+        )
+        resp = self._cluster.RegisterNode(req, timeout=RPC_TIMEOUT)
+        if len(resp.target_ids) != len(self._local):
+            raise RuntimeError(
+                f"the metaserver returned {len(resp.target_ids)} target ids for "
+                f"{len(self._local)} targets"
+            )
+        stores = {}
+        for store, tid in zip(self._local, resp.target_ids, strict=True):
+            if tid == 0 or tid in stores:
+                raise RuntimeError(f"the metaserver returned an invalid target id {tid}")
+            path = store.root / "target_id"
+            if _read_int(path) != tid:
+                _write_atomic(path, f"{tid}\n")
+            stores[tid] = store
+        self._target_ids = list(resp.target_ids)
+        self._stores = stores
+        self.set_routing(resp.routing)
+        log.info("registered node %s with targets %s", self.node_id, sorted(stores))
+
+    def _register_until_done(self) -> bool:
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                self._register_once()
+                return True
+            except grpc.RpcError as exc:
+                log.warning("registration with %s failed: %s", self.meta_address, exc.details())
+            except Exception:
+                log.exception("registration with %s failed", self.meta_address)
+            self._stop.wait(delay)
+            delay = min(delay * 2, 2.0)
+        return False
+
+    def heartbeat_once(self) -> None:
+        """Send one heartbeat; register again when the metaserver asks."""
+        req = cluster_pb2.HeartbeatRequest(
+            node_id=self.node_id, targets=self._reports(), routing_version=self._view.version
+        )
+        resp = self._cluster.Heartbeat(req, timeout=RPC_TIMEOUT)
+        if resp.reregister:
+            log.warning("the metaserver does not know this node; registering again")
+            self._register_once()
+            return
+        if resp.HasField("routing"):
+            self.set_routing(resp.routing)
+
+    def _heartbeat_loop(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.heartbeat_once()
+                if failing:
+                    log.warning("heartbeats reach the metaserver again")
+                failing = False
+            except grpc.RpcError as exc:
+                if not failing:
+                    log.warning("heartbeat failed: %s", exc.details())
+                failing = True
+            except Exception:
+                log.exception("heartbeat failed")
+            self._wake.wait(self.heartbeat_interval)
+            if self._wake.is_set():
+                self._stop.wait(0.05)  # coalesce bursts of routing refresh requests
+
+    # ------------------------------------------------------------------ background work
+
+    def background_once(self) -> None:
+        """One round of garbage collection and resync scheduling."""
+        view = self._view
+        stores = dict(self._stores)
+        try:
+            run_gc_once(self._cluster, stores, {t: view.chain_of(t) for t in stores})
+        except grpc.RpcError as exc:
+            log.info("garbage collection round failed: %s", exc.details())
+        except Exception:
+            log.exception("garbage collection round failed")
+        now = time.monotonic()
+        for task in rp.sync_tasks(view, stores):
+            running = self._syncs.get(task.chain_id)
+            if running is not None and running.is_alive():
+                continue
+            if now < self._sync_retry_at.get(task.chain_id, 0):
+                continue
+            t = threading.Thread(
+                target=self._run_sync,
+                args=(task, stores[task.target_id]),
+                name=f"resync-{task.chain_id}",
+                daemon=True,
+            )
+            self._syncs[task.chain_id] = t
+            t.start()
+
+    def _run_sync(self, task: rp.SyncTask, store: ChunkStore) -> None:
+        def should_stop() -> bool:
+            chain = self._view.chains.get(task.chain_id)
+            return self._stop.is_set() or chain is None or chain.version != task.chain_version
+
+        chain_label = str(task.chain_id)
+        metrics.RESYNC_RUNNING.labels(chain_label).set(1)
+        try:
+            counts = sync_successor(
+                store,
+                chain_id=task.chain_id,
+                chain_version=task.chain_version,
+                target_id=task.target_id,
+                successor_target_id=task.successor.target_id,
+                successor_data_address=task.successor.data_address,
+                successor_grpc_address=task.successor.grpc_address,
+                should_stop=should_stop,
+            )
+            resp = self._cluster.SyncDone(
+                cluster_pb2.SyncDoneRequest(
+                    chain_id=task.chain_id,
+                    chain_version=task.chain_version,
+                    target_id=task.successor.target_id,
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+            self.set_routing(resp.routing)
+            metrics.RESYNCS.labels("done").inc()
+            metrics.RESYNC_CHUNKS.labels(chain_label, "copied").inc(counts.get("copied", 0))
+            metrics.RESYNC_CHUNKS.labels(chain_label, "removed").inc(counts.get("removed", 0))
+            log.info(
+                "target %d of chain %d is in sync (%s)",
+                task.successor.target_id,
+                task.chain_id,
+                counts,
+            )
+            self._sync_retry_at.pop(task.chain_id, None)
+        except Exception as exc:
+            metrics.RESYNCS.labels("failed").inc()
+            if not self._stop.is_set():
+                log.warning(
+                    "resync of target %d (chain %d) failed, retrying: %s",
+                    task.successor.target_id,
+                    task.chain_id,
+                    exc,
+                )
+            self._sync_retry_at[task.chain_id] = time.monotonic() + 1.0
+            self._wake.set()
+        finally:
+            metrics.RESYNC_RUNNING.labels(chain_label).set(0)
+
+    def _bg_loop(self) -> None:
+        while not self._stop.wait(self.background_interval):
+            try:
+                self.background_once()
+            except Exception:
+                log.exception("background round failed")

@@ -1,0 +1,584 @@
+"""CRAQ chain replication decisions, without I/O.
+
+Every question the data server must answer before it touches a chunk or a
+socket is decided here, over plain data: the node's routing view, a chunk's
+metadata and the fields of a request. The data server
+(:mod:`emberfs.storageserver.dataserver`) does the sending and writing.
+
+The rules, as 3FS applies CRAQ:
+
+* The *write chain* of a chain is its targets, in chain order, whose state is
+  SERVING or SYNCING. Its first target is the head and must be SERVING; each
+  target forwards to the next one (its successor); the last is the tail.
+* Clients write to the head only. The head picks the update version
+  ``max(committed, pending, highest aborted) + 1`` (a version is never reused
+  for different content), stores the update as pending, forwards it and
+  commits once the successor has answered OK. The tail commits at once.
+* A forwarded update applies on top of ``base_version``. A replica whose
+  committed version differs answers :data:`NEED_FULL_CHUNK` and the sender
+  resends the whole new chunk content. An update whose version is not newer
+  than the replica's committed version was applied already.
+* Reads are served by SERVING targets only, from the committed version; a
+  pending version makes the replica answer NOT_COMMITTED.
+* The sync source of a SYNCING target is its predecessor in the write chain,
+  which must be SERVING (the last SERVING target before it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from emberfs.common import framing, layout
+from emberfs.common.framing import Status
+from emberfs.proto import common_pb2, data_pb2
+
+SERVING = common_pb2.SERVING
+SYNCING = common_pb2.SYNCING
+WRITABLE_STATES = frozenset({SERVING, SYNCING})
+
+#: Message of the NOT_COMMITTED answer that asks the sender of a forwarded
+#: partial update to resend the whole new chunk content.
+NEED_FULL_CHUNK = "need full chunk"
+
+#: Largest chunk offset + length a request may name.
+MAX_CHUNK_END = layout.MAX_CHUNK_SIZE
+
+
+class ChunkMetaLike(Protocol):
+    """The fields of a chunk's metadata the decisions read."""
+
+    version: int
+    pending_version: int
+    length: int
+    crcs: Any
+
+
+# ----------------------------------------------------------------------------
+# routing view
+
+
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """One storage target as the routing information describes it."""
+
+    target_id: int
+    node_id: str = ""
+    data_address: str = ""
+    grpc_address: str = ""
+    state: int = SERVING
+    chain_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChainView:
+    """One chain: its version and its targets in chain order (head first)."""
+
+    chain_id: int
+    version: int
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RoutingView:
+    """An immutable snapshot of the cluster's routing information.
+
+    Parameters
+    ----------
+    version : int
+        Routing version (bumps on every change).
+    targets : Mapping[int, TargetView]
+        Every known target by id.
+    chains : Mapping[int, ChainView]
+        Every chain by id.
+    """
+
+    version: int = 0
+    targets: Mapping[int, TargetView] = field(default_factory=dict)
+    chains: Mapping[int, ChainView] = field(default_factory=dict)
+
+    @classmethod
+    def from_proto(cls, routing: common_pb2.RoutingInfo) -> RoutingView:
+        """Build a view from a ``RoutingInfo`` message."""
+        targets = {
+            t.target_id: TargetView(
+                t.target_id, t.node_id, t.data_address, t.grpc_address, t.state, t.chain_id
+            )
+            for t in routing.targets
+        }
+        chains = {
+            c.chain_id: ChainView(c.chain_id, c.version, tuple(c.targets)) for c in routing.chains
+        }
+        return cls(routing.version, targets, chains)
+
+    def state(self, target_id: int) -> int:
+        """The public state of a target (TARGET_STATE_UNSPECIFIED if unknown)."""
+        t = self.targets.get(target_id)
+        return t.state if t is not None else common_pb2.TARGET_STATE_UNSPECIFIED
+
+    def chain_of(self, target_id: int) -> int:
+        """The chain a target belongs to (0 if none)."""
+        for chain in self.chains.values():
+            if target_id in chain.targets:
+                return chain.chain_id
+        t = self.targets.get(target_id)
+        return t.chain_id if t is not None else 0
+
+    def write_chain(self, chain_id: int) -> list[int]:
+        """The targets of a chain that take writes (SERVING or SYNCING), in order."""
+        chain = self.chains.get(chain_id)
+        if chain is None:
+            return []
+        return [t for t in chain.targets if self.state(t) in WRITABLE_STATES]
+
+    def head(self, chain_id: int) -> int | None:
+        """The chain's head, or None when its first writable target is not SERVING."""
+        wc = self.write_chain(chain_id)
+        if wc and self.state(wc[0]) == SERVING:
+            return wc[0]
+        return None
+
+    def successor(self, chain_id: int, target_id: int) -> TargetView | None:
+        """The next writable target after ``target_id`` (None at the tail)."""
+        wc = self.write_chain(chain_id)
+        if target_id not in wc:
+            return None
+        i = wc.index(target_id)
+        if i + 1 < len(wc):
+            return self.targets[wc[i + 1]]
+        return None
+
+    def predecessor(self, chain_id: int, target_id: int) -> TargetView | None:
+        """The writable target before ``target_id`` (None at the head)."""
+        wc = self.write_chain(chain_id)
+        if target_id not in wc:
+            return None
+        i = wc.index(target_id)
+        return self.targets[wc[i - 1]] if i > 0 else None
+
+
+# ----------------------------------------------------------------------------
+# decisions
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse a request with a framing status and a message."""
+
+    status: Status
+    message: str
+
+
+def _chain_checks(
+    view: RoutingView, local: Iterable[int], target_id: int, chain_id: int, chain_version: int
+) -> Reject | ChainView:
+    if target_id not in set(local):
+        return Reject(Status.NOT_SERVING, f"target {target_id} is not on this node")
+    chain = view.chains.get(chain_id)
+    if chain is None:
+        return Reject(Status.STALE_CHAIN, f"chain {chain_id} is unknown at routing {view.version}")
+    if target_id not in chain.targets:
+        return Reject(Status.NOT_SERVING, f"target {target_id} is not in chain {chain_id}")
+    if chain_version and chain_version != chain.version:
+        return Reject(
+            Status.STALE_CHAIN,
+            f"chain {chain_id} is at version {chain.version}, request has {chain_version}",
+        )
+    return chain
+
+
+def check_read(
+    view: RoutingView, local: Iterable[int], req: data_pb2.ChunkReadRequest
+) -> Reject | None:
+    """May ``req.target_id`` serve this read? None when it may."""
+    if req.chunk.inode == 0:
+        return Reject(Status.BAD_REQUEST, "inode 0 is invalid")
+    if req.offset + req.length > MAX_CHUNK_END:
+        return Reject(Status.BAD_REQUEST, "read range exceeds the largest chunk size")
+    if req.length > framing.MAX_DATA:
+        return Reject(Status.BAD_REQUEST, "read length exceeds the frame limit")
+    chain = _chain_checks(view, local, req.target_id, req.chain_id, req.chain_version)
+    if isinstance(chain, Reject):
+        return chain
+    if view.state(req.target_id) != SERVING:
+        return Reject(Status.NOT_SERVING, f"target {req.target_id} is not serving")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What to send for a read: whole CRC blocks ``[data_offset, data_offset+send_length)``."""
+
+    version: int
+    chunk_length: int
+    data_offset: int
+    send_length: int
+    skip: int
+    crc_first: int  # index of the first block's CRC in the chunk's CRC table
+    crc_count: int
+
+    def response(self) -> data_pb2.ChunkReadResponse:
+        return data_pb2.ChunkReadResponse(
+            version=self.version,
+            chunk_length=self.chunk_length,
+            data_offset=self.data_offset,
+            skip=self.skip,
+        )
+
+
+def plan_read(
+    meta: ChunkMetaLike | None, offset: int, length: int, block_size: int
+) -> Reject | ReadPlan:
+    """Widen a read of ``[offset, offset+length)`` to whole CRC blocks of the committed chunk.
+
+    A range past the chunk's end yields the bytes that exist (possibly none).
+    """
+    if meta is None:
+        return Reject(Status.NOT_FOUND, "chunk not found")
+    if meta.pending_version:
+        return Reject(Status.NOT_COMMITTED, f"version {meta.pending_version} is pending")
+    chunk_length = meta.length
+    end = min(offset + length, chunk_length)
+    if offset >= end:
+        return ReadPlan(meta.version, chunk_length, min(offset, chunk_length), 0, 0, 0, 0)
+    start = offset // block_size * block_size
+    stop = min(-(-end // block_size) * block_size, chunk_length)
+    first = start // block_size
+    count = framing.n_blocks(stop - start, block_size)
+    if first + count > len(meta.crcs):
+        return Reject(Status.INTERNAL, "the chunk's CRC table is shorter than its length")
+    return ReadPlan(meta.version, chunk_length, start, stop - start, offset - start, first, count)
+
+
+class WriteKind:
+    """How a write request is to be handled."""
+
+    CLIENT = "client"  # from a client, at the head
+    FORWARDED = "forwarded"  # from the predecessor in the chain
+    SYNC = "sync"  # a resync copy from the predecessor
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRole:
+    """An accepted write: how to apply it and where to forward it."""
+
+    kind: str
+    chain_version: int
+    successor: TargetView | None
+
+
+def check_write(
+    view: RoutingView, local: Iterable[int], req: data_pb2.ChunkWriteRequest, data_len: int
+) -> Reject | WriteRole:
+    """Validate a write request and decide this target's role in it."""
+    if req.chunk.inode == 0:
+        return Reject(Status.BAD_REQUEST, "inode 0 is invalid")
+    if req.sync:
+        # A resync copy carries the chunk's content; its chunk_size only bounds it.
+        if data_len > min(req.chunk_size, MAX_CHUNK_END):
+            return Reject(Status.BAD_REQUEST, "the copy is larger than its chunk size")
+    else:
+        try:
+            layout.validate_chunk_size(req.chunk_size)
+        except ValueError as exc:
+            return Reject(Status.BAD_REQUEST, str(exc))
+    if req.offset + data_len > req.chunk_size:
+        return Reject(Status.BAD_REQUEST, "the write crosses the chunk's end")
+    if req.sync or req.full_chunk:
+        if req.offset:
+            return Reject(Status.BAD_REQUEST, "a full-chunk write starts at offset 0")
+        if req.update_version == 0:
+            return Reject(Status.BAD_REQUEST, "full-chunk and sync writes carry a version")
+    elif data_len == 0:
+        return Reject(Status.BAD_REQUEST, "empty write")
+    chain = _chain_checks(view, local, req.target_id, req.chain_id, 0)
+    if isinstance(chain, Reject):
+        return chain
+    if req.chain_version != chain.version:
+        return Reject(
+            Status.STALE_CHAIN,
+            f"chain {chain.chain_id} is at version {chain.version}, request has {req.chain_version}",
+        )
+    state = view.state(req.target_id)
+    if req.update_version == 0:
+        if view.head(req.chain_id) != req.target_id:
+            return Reject(Status.NOT_SERVING, f"target {req.target_id} is not the chain head")
+        return WriteRole(
+            WriteKind.CLIENT, chain.version, view.successor(req.chain_id, req.target_id)
+        )
+    if state not in WRITABLE_STATES:
+        return Reject(Status.NOT_SERVING, f"target {req.target_id} takes no writes")
+    if view.predecessor(req.chain_id, req.target_id) is None:
+        return Reject(Status.NOT_SERVING, f"target {req.target_id} has no predecessor")
+    if req.sync:
+        return WriteRole(WriteKind.SYNC, chain.version, None)
+    return WriteRole(
+        WriteKind.FORWARDED, chain.version, view.successor(req.chain_id, req.target_id)
+    )
+
+
+def next_version(meta: ChunkMetaLike | None, floor: int = 0) -> int:
+    """The head's version for a new update: above everything ever used for the chunk."""
+    if meta is None:
+        return floor + 1
+    return max(meta.version, meta.pending_version, floor) + 1
+
+
+def committed_version(meta: ChunkMetaLike | None) -> int:
+    return meta.version if meta is not None else 0
+
+
+class Apply:
+    """What a replica does with a forwarded update."""
+
+    ALREADY = "already"  # the committed version holds it: answer OK
+    FULL = "full"  # replace the chunk with the sent content
+    PARTIAL = "partial"  # apply the sent range on top of the committed version
+    NEED_FULL = "need_full"  # base version differs: ask for the whole chunk
+
+
+def plan_forwarded(meta: ChunkMetaLike | None, req: data_pb2.ChunkWriteRequest) -> str:
+    """Decide how a replica applies a forwarded update (one of :class:`Apply`)."""
+    committed = committed_version(meta)
+    if req.update_version <= committed:
+        return Apply.ALREADY
+    if req.full_chunk:
+        return Apply.FULL
+    if req.base_version == committed:
+        return Apply.PARTIAL
+    return Apply.NEED_FULL
+
+
+def forward_request(
+    req: data_pb2.ChunkWriteRequest,
+    successor: TargetView,
+    *,
+    chain_version: int,
+    version: int,
+    base_version: int,
+    full_chunk: bool,
+) -> data_pb2.ChunkWriteRequest:
+    """The request a replica sends its successor for an update it has staged."""
+    out = data_pb2.ChunkWriteRequest()
+    out.CopyFrom(req)
+    out.target_id = successor.target_id
+    out.chain_version = chain_version
+    out.update_version = version
+    out.base_version = base_version
+    out.full_chunk = full_chunk
+    out.sync = False
+    if full_chunk:
+        out.offset = 0
+    return out
+
+
+def send_full_first(successor: TargetView, req: data_pb2.ChunkWriteRequest) -> bool:
+    """Send the whole chunk at once (a SYNCING successor, or the update is whole already)."""
+    return bool(req.full_chunk) or successor.state == SYNCING
+
+
+class Reply:
+    """What to do with the successor's answer."""
+
+    OK = "ok"
+    RESEND_FULL = "resend_full"
+    FAIL = "fail"
+
+
+def interpret_reply(status: int, message: str, sent_full: bool) -> tuple[str, Status]:
+    """Classify the successor's answer; on failure also the status to answer upstream.
+
+    The upstream status is always retryable: the client refreshes its routing
+    and retries, and nothing is answered OK unless the whole chain holds the update.
+    """
+    if status == Status.OK:
+        return Reply.OK, Status.OK
+    if status == Status.NOT_COMMITTED and message == NEED_FULL_CHUNK and not sent_full:
+        return Reply.RESEND_FULL, Status.OK
+    if status in (Status.STALE_CHAIN, Status.BUSY, Status.CHECKSUM):
+        return Reply.FAIL, Status(status)
+    return Reply.FAIL, Status.NOT_SERVING
+
+
+def overlay(base: bytes | memoryview, offset: int, data: bytes | memoryview) -> bytearray:
+    """The chunk content after writing ``data`` at ``offset`` over ``base`` (holes are zeros)."""
+    end = offset + len(data)
+    out = bytearray(max(len(base), end))
+    out[: len(base)] = base
+    out[offset:end] = data
+    return out
+
+
+# ----------------------------------------------------------------------------
+# truncation
+
+
+def check_truncate(
+    view: RoutingView, local: Iterable[int], req: data_pb2.ChunkTruncateRequest
+) -> Reject | WriteRole:
+    """Validate a truncation and decide this target's role in it.
+
+    The head takes it from the metaserver (kind CLIENT); any other writable
+    target of the chain takes it from its predecessor (kind FORWARDED).
+    """
+    if req.inode == 0:
+        return Reject(Status.BAD_REQUEST, "inode 0 is invalid")
+    try:
+        layout.validate_chunk_size(req.chunk_size)
+    except ValueError as exc:
+        return Reject(Status.BAD_REQUEST, str(exc))
+    if not 1 <= req.stripe <= layout.MAX_STRIPE or req.stripe_position >= req.stripe:
+        return Reject(Status.BAD_REQUEST, "invalid stripe or stripe position")
+    chain = _chain_checks(view, local, req.target_id, req.chain_id, 0)
+    if isinstance(chain, Reject):
+        return chain
+    if req.chain_version != chain.version:
+        return Reject(
+            Status.STALE_CHAIN,
+            f"chain {chain.chain_id} is at version {chain.version}, request has {req.chain_version}",
+        )
+    succ = view.successor(req.chain_id, req.target_id)
+    if view.head(req.chain_id) == req.target_id:
+        return WriteRole(WriteKind.CLIENT, chain.version, succ)
+    if view.state(req.target_id) not in WRITABLE_STATES:
+        return Reject(Status.NOT_SERVING, f"target {req.target_id} takes no writes")
+    if view.predecessor(req.chain_id, req.target_id) is None:
+        return Reject(Status.NOT_SERVING, f"target {req.target_id} is not the chain head")
+    return WriteRole(WriteKind.FORWARDED, chain.version, succ)
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateStep:
+    """One chunk's part of a truncation: remove it, or cut it to ``length``."""
+
+    index: int
+    remove: bool
+    length: int = 0
+
+
+def plan_truncate(
+    chunks: Iterable[tuple[int, int]], length: int, chunk_size: int, stripe: int, position: int
+) -> list[TruncateStep]:
+    """Steps for the chunks ``(index, chunk_length)`` of one inode on one chain.
+
+    Chunks of other chains' stripe positions are left alone; a chunk already
+    no longer than its cut is left alone too, so a repeated truncation changes nothing.
+    """
+    steps = []
+    for index, chunk_length in chunks:
+        if index % stripe != position:
+            continue
+        start = index * chunk_size
+        if start >= length:
+            steps.append(TruncateStep(index, True))
+        elif length - start < chunk_length:
+            steps.append(TruncateStep(index, False, length - start))
+    return steps
+
+
+def forward_truncate(
+    req: data_pb2.ChunkTruncateRequest, successor: TargetView
+) -> data_pb2.ChunkTruncateRequest:
+    out = data_pb2.ChunkTruncateRequest()
+    out.CopyFrom(req)
+    out.target_id = successor.target_id
+    return out
+
+
+# ----------------------------------------------------------------------------
+# resync
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTask:
+    """A local SERVING target must copy its chunks to its SYNCING successor."""
+
+    chain_id: int
+    chain_version: int
+    target_id: int
+    successor: TargetView
+
+
+def sync_tasks(view: RoutingView, local: Iterable[int]) -> list[SyncTask]:
+    """The resyncs this node must run: for each local SERVING target whose successor syncs."""
+    tasks = []
+    for target_id in local:
+        chain_id = view.chain_of(target_id)
+        if not chain_id or view.state(target_id) != SERVING:
+            continue
+        succ = view.successor(chain_id, target_id)
+        if succ is not None and succ.state == SYNCING:
+            tasks.append(SyncTask(chain_id, view.chains[chain_id].version, target_id, succ))
+    return tasks
+
+
+def sync_source(view: RoutingView, chain_id: int, syncing_target: int) -> int | None:
+    """The target that copies chunks to ``syncing_target``: its SERVING predecessor."""
+    if view.state(syncing_target) != SYNCING:
+        return None
+    pred = view.predecessor(chain_id, syncing_target)
+    if pred is None or pred.state != SERVING:
+        return None
+    return pred.target_id
+
+
+# ----------------------------------------------------------------------------
+# idempotency
+
+
+class ResultCache:
+    """Bounded LRU of answers to mutating requests, each kept for ``ttl`` seconds.
+
+    Parameters
+    ----------
+    max_entries : int, default 8192
+        Entries beyond this evict the least recently used.
+    ttl : float, default 300
+        Seconds an answer stays valid.
+    clock : callable, default time.monotonic
+    """
+
+    def __init__(
+        self,
+        max_entries: int = 8192,
+        ttl: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.max_entries = max_entries
+        self.ttl = ttl
+        self._clock = clock
+        self._items: OrderedDict[tuple, tuple[float, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Any | None:
+        """The cached answer for ``key``, or None."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                return None
+            if self._clock() - item[0] > self.ttl:
+                del self._items[key]
+                return None
+            self._items.move_to_end(key)
+            return item[1]
+
+    def put(self, key: tuple, value: Any) -> None:
+        with self._lock:
+            self._items[key] = (self._clock(), value)
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def request_key(client_id: str, request_id: int, *parts: int) -> tuple | None:
+    """The idempotency key of a request (None when the client sent no id)."""
+    if not client_id or not request_id:
+        return None
+    return (client_id, request_id, *parts)

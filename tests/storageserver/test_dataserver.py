@@ -1,0 +1,520 @@
+"""In-process tests of the data server: three DataServers, one target each, one chain."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from emberfs.common import framing
+from emberfs.common.framing import Op, Status
+from emberfs.proto import common_pb2, data_pb2
+from emberfs.storageserver import replication as rp
+from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.dataserver import DataServer
+
+CS = 1024 * 1024  # chunk size of the tests' files
+BS = framing.DEFAULT_BLOCK
+S, Y, OFF = common_pb2.SERVING, common_pb2.SYNCING, common_pb2.OFFLINE
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Cluster:
+    """Three targets (ids 1, 2, 3) on three data servers, chain 1 in that order."""
+
+    def __init__(self, tmp_path, **server_kwargs):
+        self.stores = {t: ChunkStore(tmp_path / f"target-{t}") for t in (1, 2, 3)}
+        self.view = rp.RoutingView()
+        self.servers = {
+            t: DataServer(
+                "127.0.0.1",
+                0,
+                stores=lambda t=t: {t: self.stores[t]},
+                routing=lambda: self.view,
+                **server_kwargs,
+            ).start()
+            for t in (1, 2, 3)
+        }
+        self.chain_version = 0
+        self.set_chain({1: S, 2: S, 3: S}, (1, 2, 3))
+
+    def addr(self, t: int) -> tuple[str, int]:
+        return self.servers[t].address
+
+    def set_chain(self, states: dict[int, int], order: tuple[int, ...]) -> None:
+        self.chain_version += 1
+        routing = common_pb2.RoutingInfo(version=100 + self.chain_version)
+        for t, st in states.items():
+            host, port = self.addr(t)
+            routing.targets.add(
+                target_id=t, node_id=f"n{t}", data_address=f"{host}:{port}", state=st, chain_id=1
+            )
+        routing.chains.add(chain_id=1, version=self.chain_version, targets=list(order))
+        self.view = rp.RoutingView.from_proto(routing)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        for store in self.stores.values():
+            store.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def connect(addr) -> socket.socket:
+    sock = socket.create_connection(addr, timeout=10)
+    sock.settimeout(10)
+    return sock
+
+
+def exchange(addr_or_sock, op, msg, data=None):
+    """Send one request; returns (status, response meta message or ErrorResponse, data)."""
+    sock = addr_or_sock if isinstance(addr_or_sock, socket.socket) else connect(addr_or_sock)
+    try:
+        framing.send_frame(sock, op, msg.SerializeToString(), data)
+        frame = framing.recv_frame(sock)
+    finally:
+        if sock is not addr_or_sock:
+            sock.close()
+    assert frame.header.op == op | framing.RESPONSE
+    status = frame.header.status
+    if status != Status.OK:
+        return status, data_pb2.ErrorResponse.FromString(frame.meta), None
+    resp_type = {
+        Op.READ: data_pb2.ChunkReadResponse,
+        Op.WRITE: data_pb2.ChunkWriteResponse,
+        Op.TRUNCATE: data_pb2.ChunkTruncateResponse,
+    }[op]
+    return status, resp_type.FromString(frame.meta), frame.data
+
+
+def write(
+    c, data, *, target=1, inode=7, index=0, offset=0, version=None, client=("", 0), sock=None
+):
+    req = data_pb2.ChunkWriteRequest(
+        chain_id=1,
+        chain_version=c.chain_version if version is None else version,
+        target_id=target,
+        chunk=data_pb2.ChunkId(inode=inode, index=index),
+        offset=offset,
+        chunk_size=CS,
+        client_id=client[0],
+        request_id=client[1],
+    )
+    return exchange(sock or c.addr(target), Op.WRITE, req, data)
+
+
+def read(c, target, *, inode=7, index=0, offset=0, length=CS, version=0, sock=None):
+    req = data_pb2.ChunkReadRequest(
+        chain_id=1,
+        target_id=target,
+        chunk=data_pb2.ChunkId(inode=inode, index=index),
+        offset=offset,
+        length=length,
+        chain_version=version,
+    )
+    status, resp, data = exchange(sock or c.addr(target), Op.READ, req)
+    if status != Status.OK:
+        return status, resp
+    data = bytes(data) if data is not None else b""
+    return status, data[resp.skip : resp.skip + length]
+
+
+def metas(c, inode=7, index=0):
+    return [c.stores[t].meta(inode, index) for t in (1, 2, 3)]
+
+
+def assert_replicas_equal(c, inode=7, index=0, targets=(1, 2, 3)):
+    ms = [c.stores[t].meta(inode, index) for t in targets]
+    assert all(m is not None and not m.pending_version for m in ms), ms
+    assert len({(m.version, m.checksum, m.length) for m in ms}) == 1, ms
+    return ms[0]
+
+
+# ---------------------------------------------------------------- happy paths
+
+
+def test_write_then_read_from_every_replica(cluster):
+    data = os.urandom(300_000)
+    status, resp, _ = write(cluster, data)
+    assert status == Status.OK and resp.version == 1 and resp.chunk_length == len(data)
+    for t in (1, 2, 3):
+        status, got = read(cluster, t)
+        assert status == Status.OK and got == data
+    assert assert_replicas_equal(cluster).version == 1
+    for t in (1, 2, 3):
+        assert cluster.servers[t].io_counters(t) == (len(data), len(data))
+
+
+def test_partial_writes_and_block_widened_reads(cluster):
+    base = os.urandom(3 * BS + 100)
+    write(cluster, base)
+    patch = os.urandom(5000)
+    status, resp, _ = write(cluster, patch, offset=BS - 10)
+    assert status == Status.OK and resp.version == 2
+    expect = bytearray(base)
+    expect[BS - 10 : BS - 10 + 5000] = patch
+    for t in (1, 2, 3):
+        assert read(cluster, t, offset=BS - 20, length=40)[1] == bytes(expect[BS - 20 : BS + 20])
+        assert read(cluster, t, offset=3 * BS + 50, length=CS)[1] == bytes(expect[3 * BS + 50 :])
+    # a write past the end leaves a hole of zeros
+    status, resp, _ = write(cluster, b"tail", offset=CS - 4)
+    assert status == Status.OK and resp.chunk_length == CS
+    got = read(cluster, 3, offset=len(base), length=CS)[1]
+    assert got == bytes(CS - 4 - len(base)) + b"tail"
+    assert_replicas_equal(cluster)
+
+
+def test_read_errors_and_edges(cluster):
+    status, err = read(cluster, 2, inode=99)
+    assert status == Status.NOT_FOUND
+    write(cluster, b"x" * 1000)
+    status, got = read(cluster, 2, offset=5000, length=10)
+    assert status == Status.OK and got == b""
+    status, err = read(cluster, 2, version=cluster.chain_version + 5)
+    assert status == Status.STALE_CHAIN and err.routing_version == cluster.view.version
+    status, err = read(cluster, 2, offset=CS * 64, length=1)
+    assert status == Status.BAD_REQUEST
+    # target 3 lives on another server
+    req = data_pb2.ChunkReadRequest(chain_id=1, target_id=3, chunk=data_pb2.ChunkId(inode=7))
+    assert exchange(cluster.addr(1), Op.READ, req)[0] == Status.NOT_SERVING
+    # a replica holding a pending version does not serve reads
+    cluster.stores[3].stage(7, 0, 9, 0, b"pending", chunk_size=CS)
+    assert read(cluster, 3)[0] == Status.NOT_COMMITTED
+    assert read(cluster, 2)[1] == b"x" * 1000
+
+
+def test_syncing_target_serves_no_reads(cluster):
+    write(cluster, b"abc")
+    cluster.set_chain({1: S, 2: S, 3: Y}, (1, 2, 3))
+    assert read(cluster, 3)[0] == Status.NOT_SERVING
+
+
+def test_write_rules(cluster):
+    assert write(cluster, b"a", target=2)[0] == Status.NOT_SERVING  # not the head
+    status, err, _ = write(cluster, b"a", version=cluster.chain_version - 1)
+    assert status == Status.STALE_CHAIN and err.routing_version == cluster.view.version
+    assert write(cluster, b"a", offset=CS - 0)[0] == Status.BAD_REQUEST  # crosses the chunk
+    assert write(cluster, None)[0] == Status.BAD_REQUEST  # empty
+    assert write(cluster, b"a", inode=0)[0] == Status.BAD_REQUEST
+    assert all(m is None for m in metas(cluster))
+
+
+def test_forwarded_write_from_a_non_predecessor_is_refused(cluster):
+    req = data_pb2.ChunkWriteRequest(
+        chain_id=1,
+        chain_version=cluster.chain_version,
+        target_id=1,
+        chunk=data_pb2.ChunkId(inode=7),
+        chunk_size=CS,
+        update_version=5,
+        base_version=0,
+    )
+    assert exchange(cluster.addr(1), Op.WRITE, req, b"zz")[0] == Status.NOT_SERVING
+
+
+def test_idempotent_retry_applies_once(cluster):
+    first = write(cluster, b"hello", client=("c1", 41))
+    again = write(cluster, b"hello", client=("c1", 41))
+    assert first[0] == again[0] == Status.OK and first[1].version == again[1].version == 1
+    assert write(cluster, b"hello", client=("c1", 42))[1].version == 2
+    assert assert_replicas_equal(cluster).version == 2
+
+
+def test_concurrent_writes_to_one_chunk_are_serialised(cluster):
+    results = []
+
+    def writer(k):
+        with connect(cluster.addr(1)) as sock:
+            for _ in range(10):
+                status, resp, _ = write(cluster, bytes([k]) * 1000, offset=k * 1000, sock=sock)
+                assert status == Status.OK
+                results.append(resp.version)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == list(range(1, 41))
+    meta = assert_replicas_equal(cluster)
+    assert meta.version == 40
+    assert read(cluster, 3, length=4000)[1] == b"".join(bytes([k]) * 1000 for k in range(4))
+
+
+def test_different_chunks_written_in_parallel(cluster):
+    blobs = {i: os.urandom(200_000) for i in range(8)}
+
+    def writer(i):
+        assert write(cluster, blobs[i], index=i)[0] == Status.OK
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, blob in blobs.items():
+        assert read(cluster, 2, index=i)[1] == blob
+        assert_replicas_equal(cluster, index=i)
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_dead_successor_aborts_and_answers_retryable(cluster):
+    write(cluster, b"v1" * 100)
+    cluster.servers[3].stop()
+    status, err, _ = write(cluster, b"v2" * 100)
+    assert status in framing.RETRYABLE
+    # nothing half-applied: no pending version anywhere, v1 still readable
+    for t in (1, 2):
+        m = cluster.stores[t].meta(7, 0)
+        assert (m.version, m.pending_version) == (1, 0)
+    assert read(cluster, 1)[1] == b"v1" * 100
+    # the manager takes target 3 out; the shorter chain takes the write
+    cluster.set_chain({1: S, 2: S, 3: OFF}, (1, 2, 3))
+    status, resp, _ = write(cluster, b"v3" * 100)
+    assert status == Status.OK and resp.version == 3  # version 2 was aborted: never reused
+    assert_replicas_equal(cluster, targets=(1, 2))
+
+
+def test_stale_successor_refuses_and_head_aborts(cluster):
+    # the successors moved to a newer chain version than the head knows
+    old = cluster.view
+    cluster.set_chain({1: S, 2: S, 3: S}, (1, 2, 3))
+    new = cluster.view
+    cluster.servers[1]._routing = lambda: old
+    status, err, _ = write(cluster, b"data", version=old.chains[1].version)
+    assert status == Status.STALE_CHAIN
+    assert all(m is None for m in metas(cluster))
+    cluster.servers[1]._routing = lambda: new
+    assert write(cluster, b"data")[0] == Status.OK
+
+
+def test_lagging_replica_gets_the_full_chunk(cluster):
+    base = os.urandom(2 * BS)
+    write(cluster, base)
+    cluster.set_chain({1: S, 2: S, 3: OFF}, (1, 2, 3))
+    patch1 = os.urandom(100)
+    write(cluster, patch1, offset=10)
+    assert cluster.stores[3].meta(7, 0).version == 1
+    # target 3 comes back in the chain with an old copy: partial updates do not fit
+    cluster.set_chain({1: S, 2: S, 3: S}, (1, 2, 3))
+    patch2 = os.urandom(100)
+    status, resp, _ = write(cluster, patch2, offset=BS + 5)
+    assert status == Status.OK
+    expect = bytearray(base)
+    expect[10:110] = patch1
+    expect[BS + 5 : BS + 105] = patch2
+    assert assert_replicas_equal(cluster).version == resp.version
+    assert read(cluster, 3)[1] == bytes(expect)
+
+
+def test_syncing_successor_gets_full_chunks_and_sync_copies(cluster):
+    write(cluster, b"a" * 5000)
+    cluster.set_chain({1: S, 2: S, 3: OFF}, (1, 2, 3))
+    write(cluster, b"b" * 10, offset=100)
+    cluster.set_chain({1: S, 2: S, 3: Y}, (1, 2, 3))
+    status, resp, _ = write(cluster, b"c" * 10, offset=200)
+    assert status == Status.OK
+    expect = bytearray(b"a" * 5000)
+    expect[100:110] = b"b" * 10
+    expect[200:210] = b"c" * 10
+    m3 = cluster.stores[3].meta(7, 0)
+    assert m3.version == resp.version
+    data, _ = cluster.stores[3].read_committed(7, 0)
+    assert data == bytes(expect)
+    # a resync copy older than what the target holds is ignored, a newer one applied
+    copy = data_pb2.ChunkWriteRequest(
+        chain_id=1,
+        chain_version=cluster.chain_version,
+        target_id=3,
+        chunk=data_pb2.ChunkId(inode=7, index=5),
+        chunk_size=4096,
+        update_version=4,
+        full_chunk=True,
+        sync=True,
+    )
+    status, resp, _ = exchange(cluster.addr(3), Op.WRITE, copy, b"s" * 4096)
+    assert status == Status.OK and resp.version == 4
+    copy.update_version = 2
+    status, resp, _ = exchange(cluster.addr(3), Op.WRITE, copy, b"t" * 4096)
+    assert status == Status.OK and resp.version == 4
+    assert cluster.stores[3].read_committed(7, 5)[0] == b"s" * 4096
+
+
+# ---------------------------------------------------------------- truncation
+
+
+def truncate(c, length, *, stripe=2, position=0, target=1, client=("m", 1)):
+    req = data_pb2.ChunkTruncateRequest(
+        chain_id=1,
+        chain_version=c.chain_version,
+        target_id=target,
+        inode=7,
+        length=length,
+        chunk_size=CS,
+        stripe=stripe,
+        stripe_position=position,
+        client_id=client[0],
+        request_id=client[1],
+    )
+    return exchange(c.addr(target), Op.TRUNCATE, req)
+
+
+def test_truncate_runs_down_the_chain(cluster):
+    for index in (0, 2, 3, 4, 6):
+        write(cluster, os.urandom(CS if index < 6 else 1000), index=index)
+    status, resp, _ = truncate(cluster, 2 * CS + 500)
+    assert status == Status.OK and resp.chunks == 3  # 2 cut, 4 and 6 removed; 3 is not ours
+    for t in (1, 2, 3):
+        s = cluster.stores[t]
+        assert s.meta(7, 2).length == 500 and s.meta(7, 4) is None and s.meta(7, 6) is None
+        assert s.meta(7, 3) is not None and s.meta(7, 0).length == CS
+    assert_replicas_equal(cluster, index=2)
+    # a repeat (new request id) changes nothing
+    status, resp, _ = truncate(cluster, 2 * CS + 500, client=("m", 2))
+    assert status == Status.OK and resp.chunks == 0
+    assert truncate(cluster, 0, stripe=2, position=2)[0] == Status.BAD_REQUEST
+
+
+def test_truncate_with_dead_successor_is_retryable(cluster):
+    write(cluster, os.urandom(1000), index=0)
+    cluster.servers[2].stop()
+    status, err, _ = truncate(cluster, 10, stripe=1)
+    assert status in framing.RETRYABLE
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def still_serves(c):
+    assert write(c, b"ok")[0] == Status.OK
+    assert read(c, 1, length=2)[1] == b"ok"
+
+
+def assert_closed(sock):
+    sock.settimeout(5)
+    try:
+        assert sock.recv(1) == b""
+    except ConnectionResetError:
+        pass
+
+
+def test_wrong_magic_closes_the_connection(cluster):
+    with connect(cluster.addr(1)) as sock:
+        raw = bytearray(framing.pack_header(Op.PING, 0, 0, 0, 0))
+        raw[0] ^= 0xFF
+        sock.sendall(raw)
+        assert_closed(sock)
+    still_serves(cluster)
+
+
+def test_oversized_lengths_close_the_connection(cluster):
+    for meta_len, data_len in ((framing.MAX_META + 1, 0), (0, framing.MAX_DATA + 1)):
+        with connect(cluster.addr(1)) as sock:
+            sock.sendall(framing.pack_header(Op.WRITE, 0, meta_len, data_len, BS))
+            assert_closed(sock)
+    still_serves(cluster)
+
+
+def test_truncated_frame_and_garbage(cluster):
+    with connect(cluster.addr(1)) as sock:
+        sock.sendall(framing.pack_header(Op.WRITE, 0, 10, 100, BS)[:10])
+    with connect(cluster.addr(1)) as sock:
+        sock.sendall(os.urandom(4096))
+        assert_closed(sock)
+    still_serves(cluster)
+
+
+def test_undecodable_meta_and_unknown_op_get_error_frames(cluster):
+    with connect(cluster.addr(1)) as sock:
+        framing.send_frame(sock, Op.READ, b"\xff\xff\xff")
+        frame = framing.recv_frame(sock)
+        assert frame.header.status == Status.BAD_REQUEST
+        framing.send_frame(sock, 42, b"")
+        assert framing.recv_frame(sock).header.status == Status.BAD_REQUEST
+        framing.send_frame(sock, Op.PING, b"")
+        assert framing.recv_frame(sock).header.status == Status.OK
+        # the same connection still carries real requests
+        assert write(cluster, b"same", sock=sock)[0] == Status.OK
+
+
+def test_corrupt_block_gets_checksum_error(cluster):
+    req = data_pb2.ChunkWriteRequest(
+        chain_id=1,
+        chain_version=cluster.chain_version,
+        target_id=1,
+        chunk=data_pb2.ChunkId(inode=7),
+        chunk_size=CS,
+    )
+    with connect(cluster.addr(1)) as sock:
+        framing.send_frame(sock, Op.WRITE, req.SerializeToString(), b"abc", crcs=[12345])
+        frame = framing.recv_frame(sock)
+        assert frame.header.status == Status.CHECKSUM
+    assert all(m is None for m in metas(cluster))
+    still_serves(cluster)
+
+
+def test_response_frame_from_a_client_closes(cluster):
+    with connect(cluster.addr(1)) as sock:
+        framing.send_frame(sock, Op.PING | framing.RESPONSE, b"")
+        assert_closed(sock)
+
+
+def test_peer_stalling_mid_frame_is_dropped(tmp_path):
+    c = Cluster(tmp_path, frame_timeout=0.5, idle_timeout=2.0)
+    try:
+        with connect(c.addr(1)) as stalled, connect(c.addr(1)) as idle:
+            meta = b"\x00" * 20
+            stalled.sendall(framing.pack_header(Op.WRITE, 0, len(meta), 1000, BS) + meta[:5])
+            # everyone else is served meanwhile
+            still_serves(c)
+            t0 = time.monotonic()
+            assert_closed(stalled)
+            assert time.monotonic() - t0 < 4
+            assert_closed(idle)  # silent connections go after the idle timeout
+        still_serves(c)
+    finally:
+        c.close()
+
+
+def test_connection_limit(tmp_path):
+    c = Cluster(tmp_path, max_connections=2)
+    try:
+        a, b = connect(c.addr(1)), connect(c.addr(1))
+        try:
+            time.sleep(0.2)
+            with connect(c.addr(1)) as extra:
+                frame = framing.recv_frame(extra)
+                assert frame.header.status == Status.BUSY
+            framing.send_frame(a, Op.PING, b"")
+            assert framing.recv_frame(a).header.status == Status.OK
+        finally:
+            a.close()
+            b.close()
+        deadline = time.monotonic() + 5
+        while c.servers[1].connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        still_serves(c)
+    finally:
+        c.close()
+
+
+def test_crc_table_mismatch_closes(cluster):
+    # a header announcing data whose CRC table is cut short by a disconnect
+    with connect(cluster.addr(1)) as sock:
+        sock.sendall(framing.pack_header(Op.WRITE, 0, 0, 2 * BS, BS) + struct.pack("<I", 1))
+    still_serves(cluster)

@@ -1,0 +1,332 @@
+"""Storage nodes in-process against an in-process ClusterService (the real cluster manager)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from emberfs.common import framing
+from emberfs.common.framing import Op, Status
+from emberfs.metaserver import cluster_service
+from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.kv import MemoryEngine
+from emberfs.proto import common_pb2, data_pb2, storage_pb2, storage_pb2_grpc
+from emberfs.storageserver.node import Node
+
+pytestmark = pytest.mark.timeout(90)
+CS = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Meta:
+    """ClusterService on 127.0.0.1, served by a ClusterManager over a MemoryEngine."""
+
+    def __init__(self, port: int = 0, heartbeat_timeout: float = 1.5, replicas: int = 3):
+        self.manager = ClusterManager(
+            MemoryEngine(), replicas=replicas, heartbeat_timeout=heartbeat_timeout
+        )
+        self.servicer = cluster_service.ClusterServicer(self.manager)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        cluster_service.add_to_server(self.servicer, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        self.server.start()
+        self._stop = threading.Event()
+        self._checker = threading.Thread(target=self._check, daemon=True)
+        self._checker.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _check(self):
+        while not self._stop.wait(0.2):
+            self.manager.check_timeouts()
+
+    def routing(self) -> common_pb2.RoutingInfo:
+        return self.manager.routing()
+
+    def wait_for(self, predicate, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.routing()
+            if predicate(r):
+                return r
+            time.sleep(0.05)
+        raise TimeoutError(str(self.routing()))
+
+    def close(self):
+        self._stop.set()
+        self.server.stop(0).wait()
+
+
+@pytest.fixture
+def meta():
+    m = Meta()
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+@pytest.fixture
+def nodes():
+    started: list[Node] = []
+    try:
+        yield started
+    finally:
+        for n in started:
+            n.stop()
+
+
+def make_node(meta_address, data_dir, nodes, **kw) -> Node:
+    kw.setdefault("heartbeat_interval", 0.2)
+    kw.setdefault("background_interval", 0.2)
+    node = Node(data_dir, meta_address, listen="127.0.0.1:0", **kw)
+    nodes.append(node)
+    return node
+
+
+def all_serving(n):
+    return lambda r: len(r.targets) == n and all(t.state == common_pb2.SERVING for t in r.targets)
+
+
+def test_register_persists_ids_and_restart_keeps_them(meta, nodes, tmp_path):
+    node = make_node(meta.address, tmp_path / "a", nodes, targets=2)
+    assert node.start()
+    ids = sorted(node.stores)
+    assert len(ids) == 2
+    assert (tmp_path / "a" / "node_id").read_text().strip() == node.node_id
+    for k, tid in enumerate(ids, start=1):
+        assert int((tmp_path / "a" / f"target-{k}" / "target_id").read_text()) == tid
+    # the routing reaches the node and names its addresses
+    r = meta.routing()
+    assert {t.data_address for t in r.targets} == {node.data_address}
+    assert node.routing.version == r.version
+    node.stop()
+    nodes.remove(node)
+    again = make_node(meta.address, tmp_path / "a", nodes, targets=2)
+    assert again.start()
+    assert again.node_id == node.node_id and sorted(again.stores) == ids
+    assert len(meta.routing().targets) == 2
+
+
+def free_pair() -> int:
+    """A port p with p and p + 1 both free a moment ago."""
+    for _ in range(200):
+        p = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no pair of free ports")
+
+
+def test_grpc_port_defaults_to_data_port_plus_one(meta, nodes, tmp_path):
+    port = free_pair()
+    node = Node(tmp_path / "n", meta.address, listen=f"127.0.0.1:{port}", heartbeat_interval=0.2)
+    nodes.append(node)
+    try:
+        assert node.start()
+    except OSError:
+        pytest.skip("port + 1 was taken meanwhile")
+    assert node.grpc_address == f"127.0.0.1:{port + 1}"
+    with grpc.insecure_channel(node.grpc_address) as ch:
+        stats = storage_pb2_grpc.StorageServiceStub(ch).TargetStats(
+            storage_pb2.TargetStatsRequest(), timeout=5
+        )
+    assert stats.node_id == node.node_id and len(stats.targets) == 1
+
+
+def test_registration_waits_for_the_metaserver(nodes, tmp_path):
+    port = free_port()
+    node = make_node(f"127.0.0.1:{port}", tmp_path / "n", nodes)
+    result = []
+    t = threading.Thread(target=lambda: result.append(node.start()))
+    t.start()
+    time.sleep(0.8)
+    assert not result  # still retrying
+    m = Meta(port=port)
+    try:
+        t.join(20)
+        assert result == [True] and len(node.stores) == 1
+    finally:
+        m.close()
+
+
+def test_stop_during_registration_returns_false(nodes, tmp_path):
+    node = make_node(f"127.0.0.1:{free_port()}", tmp_path / "n", nodes)
+    result = []
+    t = threading.Thread(target=lambda: result.append(node.start()))
+    t.start()
+    time.sleep(0.3)
+    node.request_stop()
+    t.join(10)
+    assert result == [False]
+
+
+def test_heartbeats_follow_routing_and_reregister(meta, nodes, tmp_path):
+    node = make_node(meta.address, tmp_path / "n", nodes)
+    assert node.start()
+    (tid,) = node.stores
+    # the metaserver forgets the node: the next heartbeat registers it again
+    with meta.manager._lock:
+        del meta.manager._nodes[node.node_id]
+    deadline = time.monotonic() + 10
+    while node.node_id not in meta.manager._nodes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node.node_id in meta.manager._nodes
+    assert node.routing.version == meta.routing().version or meta.wait_for(
+        lambda r: node.routing.version == r.version, 5
+    )
+    assert sorted(node.stores) == [tid]
+
+
+def write_once(routing, chain_id, inode, index, data):
+    chain = next(c for c in routing.chains if c.chain_id == chain_id)
+    head = chain.targets[0]
+    addr = next(t.data_address for t in routing.targets if t.target_id == head)
+    host, port = addr.rsplit(":", 1)
+    req = data_pb2.ChunkWriteRequest(
+        chain_id=chain_id,
+        chain_version=chain.version,
+        target_id=head,
+        chunk=data_pb2.ChunkId(inode=inode, index=index),
+        chunk_size=CS,
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        framing.send_frame(sock, Op.WRITE, req.SerializeToString(), data)
+        frame = framing.recv_frame(sock)
+    return frame.header.status
+
+
+def write(meta, chain_id, inode, index, data, timeout=10.0):
+    """Write as a client does: retry retryable answers with fresh routing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = write_once(meta.routing(), chain_id, inode, index, data)
+        if status not in framing.RETRYABLE or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
+def list_chunks(grpc_address, target_id):
+    with grpc.insecure_channel(grpc_address) as ch:
+        resp = storage_pb2_grpc.StorageServiceStub(ch).ListChunks(
+            storage_pb2.ListChunksRequest(target_id=target_id, limit=1000), timeout=5
+        )
+    return [(c.inode, c.index, c.version, c.checksum, c.length) for c in resp.chunks]
+
+
+def test_restarted_node_is_resynced_and_serves_again(meta, nodes, tmp_path):
+    for name in "abc":
+        assert make_node(meta.address, tmp_path / name, nodes).start()
+    routing = meta.wait_for(lambda r: len(r.chains) == 1 and all_serving(3)(r))
+    blobs = {i: os.urandom(100_000 + i) for i in range(6)}
+    for i, blob in blobs.items():
+        assert write(meta, 1, 9, i, blob) == Status.OK
+    # stop the tail's node; the chain goes on without it
+    tail = routing.chains[0].targets[-1]
+    victim = next(n for n in nodes if tail in n.stores)
+    victim.stop()
+    nodes.remove(victim)
+    routing = meta.wait_for(
+        lambda r: any(t.target_id == tail and t.state == common_pb2.OFFLINE for t in r.targets)
+    )
+    # writes under the new chain version: new chunks, rewritten chunks
+    for i in (0, 1, 7):
+        assert write(meta, 1, 9, i, b"new" * 1000) == Status.OK
+    revived = make_node(meta.address, victim.data_dir, nodes)
+    assert revived.start()
+    routing = meta.wait_for(all_serving(3))
+    t_by_id = {t.target_id: t for t in routing.targets}
+    lists = [list_chunks(t_by_id[t].grpc_address, t) for t in routing.chains[0].targets]
+    assert len(lists[0]) == 7
+    assert lists[0] == lists[1] == lists[2]
+    # heartbeats carry each target's data counters
+    head = routing.chains[0].targets[0]
+    head_node = next(n for n in nodes if head in n.stores)
+    (report,) = [r for r in head_node._reports() if r.target_id == head]
+    assert report.bytes_written >= sum(len(b) for b in blobs.values())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--meta", "nohostport", "--listen", "127.0.0.1:0"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:99999"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--targets", "0"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--heartbeat-interval", "0"],
+    ],
+)
+def test_command_line_rejects_bad_arguments(argv, tmp_path, capsys):
+    from emberfs.storageserver.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--data-dir", str(tmp_path)] + argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_storageserver_command_serves_metrics_and_exits_on_sigterm(meta, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    metrics_port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "emberfs.cli.main",
+            "storageserver",
+            "--data-dir",
+            str(tmp_path),
+            "--meta",
+            meta.address,
+            "--listen",
+            "127.0.0.1:0",
+            "--targets",
+            "2",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("READY"):
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "".join(lines)  # the process ended before READY
+        line = lines[-1]
+        assert line.startswith("READY storageserver 127.0.0.1:"), line
+        _, _, data_addr, _, grpc_addr = line.split()
+        assert len(meta.routing().targets) == 2
+        host, port = data_addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            framing.send_frame(sock, Op.PING, b"")
+            assert framing.recv_frame(sock).header.status == Status.OK
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            assert b"emberfs_storage_chunk_ops" in resp.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
