@@ -1,0 +1,429 @@
+"""The client's bulk data path: chunk reads and writes over the framed protocol.
+
+:class:`ConnectionPool` keeps TCP connections to storage servers, pooled per
+data address and bounded per server, safe to share between threads.
+:class:`DataClient` reads a chunk range from a SERVING replica of its chain
+(least outstanding requests first, failing over to the other replicas and
+then the tail) straight into the caller's buffer, verifying every block's
+CRC32C, and writes chunk data to the chain head with idempotent retries
+(same request id) while a chain is being reconfigured.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import socket
+import struct
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+from emberfs.client.meta import RequestIds, TransientError, retry
+from emberfs.client.routing import Chain, RoutingCache, RoutingInfo, Target
+from emberfs.common import framing
+from emberfs.common.framing import Op, Status
+from emberfs.proto import data_pb2
+
+_READ_RESPONSE = Op.READ | framing.RESPONSE
+_WRITE_RESPONSE = Op.WRITE | framing.RESPONSE
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad storage address {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class ConnectionPool:
+    """TCP connections to storage servers, pooled per data address.
+
+    Parameters
+    ----------
+    connect_timeout : float, default 5.0
+    io_timeout : float, default 30.0
+        Socket timeout of every send and receive.
+    max_per_address : int, default 8
+        Connections open to one server at most (callers wait for a free one).
+    bad_ttl : float, default 2.0
+        Seconds an address that failed stays marked as bad.
+    """
+
+    def __init__(
+        self,
+        connect_timeout: float = 5.0,
+        io_timeout: float = 30.0,
+        max_per_address: int = 8,
+        bad_ttl: float = 2.0,
+    ) -> None:
+        self.connect_timeout = connect_timeout
+        self.io_timeout = io_timeout
+        self.max_per_address = max(1, max_per_address)
+        self.bad_ttl = bad_ttl
+        self._idle: dict[str, list[socket.socket]] = defaultdict(list)
+        self._open: dict[str, int] = defaultdict(int)
+        self._bad: dict[str, float] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _connect(self, address: str) -> socket.socket:
+        sock = socket.create_connection(_split_address(address), timeout=self.connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.io_timeout)
+        return sock
+
+    def acquire(self, address: str, fresh: bool = False) -> tuple[socket.socket, bool]:
+        """A connection to ``address`` and whether it was reused from the pool."""
+        deadline = time.monotonic() + self.connect_timeout + self.io_timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise OSError(errno.EBADF, "connection pool is closed")
+                idle = self._idle[address]
+                if idle and not fresh:
+                    return idle.pop(), True
+                if idle and fresh:
+                    idle.pop().close()
+                    self._open[address] -= 1
+                if self._open[address] < self.max_per_address:
+                    self._open[address] += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no free connection to {address}")
+                self._cond.wait(left)
+        try:
+            return self._connect(address), False
+        except BaseException:
+            self._forget(address)
+            raise
+
+    def release(self, address: str, sock: socket.socket) -> None:
+        """Give a healthy connection back."""
+        with self._cond:
+            if self._closed:
+                sock.close()
+                self._open[address] -= 1
+            else:
+                self._idle[address].append(sock)
+            self._cond.notify()
+
+    def discard(self, address: str, sock: socket.socket) -> None:
+        """Close a connection in an unknown state (an error mid-frame)."""
+        try:
+            sock.close()
+        finally:
+            self._forget(address)
+
+    def _forget(self, address: str) -> None:
+        with self._cond:
+            self._open[address] -= 1
+            self._cond.notify()
+
+    def mark_bad(self, address: str) -> None:
+        with self._cond:
+            self._bad[address] = time.monotonic() + self.bad_ttl
+            for sock in self._idle.pop(address, []):
+                sock.close()
+                self._open[address] -= 1
+            self._cond.notify_all()
+
+    def is_bad(self, address: str) -> bool:
+        until = self._bad.get(address)
+        return until is not None and until > time.monotonic()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for address, socks in self._idle.items():
+                for sock in socks:
+                    sock.close()
+                self._open[address] -= len(socks)
+            self._idle.clear()
+            self._cond.notify_all()
+
+
+class _Refused(Exception):
+    """A storage server answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{framing.status_name(status)}: {message}")
+        self.status = status
+
+
+class DataClient:
+    """Chunk reads and writes against the replication chains.
+
+    Parameters
+    ----------
+    routing : RoutingCache
+    ids : RequestIds
+        Client id and request ids of write requests.
+    pool : ConnectionPool
+    read_timeout : float, default 60.0
+        How long a chunk read keeps trying replicas (a failover takes up to the
+        heartbeat timeout) before it raises.
+    write_timeout : float, default 60.0
+        The same for a chunk write.
+    """
+
+    def __init__(
+        self,
+        routing: RoutingCache,
+        ids: RequestIds,
+        pool: ConnectionPool,
+        *,
+        read_timeout: float = 60.0,
+        write_timeout: float = 60.0,
+    ) -> None:
+        self.routing = routing
+        self.ids = ids
+        self.pool = pool
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self._outstanding: dict[str, int] = defaultdict(int)
+        self._rr = itertools.count()
+        self._lock = threading.Lock()
+
+    # one request ---------------------------------------------------------------
+    @contextmanager
+    def _connection(self, address: str, fresh: bool = False):
+        sock, reused = self.pool.acquire(address, fresh)
+        ok = False
+        try:
+            yield sock, reused
+            ok = True
+        except _Refused:
+            ok = True  # a whole error frame was read: the connection is fine
+            raise
+        finally:
+            if ok:
+                self.pool.release(address, sock)
+            else:
+                self.pool.discard(address, sock)
+
+    def _exchange(self, address: str, op: int, meta: bytes, data, receive):
+        """Send one request and hand the socket to ``receive`` for the response.
+
+        A pooled connection the server closed while idle is replaced by a
+        fresh one once; other failures propagate.
+        """
+        for attempt in (0, 1):
+            reused = False
+            try:
+                with self._connection(address, fresh=attempt == 1) as (sock, reused):
+                    framing.send_frame(sock, op, meta, data)
+                    return receive(sock)
+            except (ConnectionError, framing.FrameError) as exc:
+                if attempt == 0 and reused and not isinstance(exc, framing.ChecksumError):
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _recv_head(sock: socket.socket, expect_op: int):
+        raw = framing.recv_exact(sock, framing.HEADER_SIZE)
+        header = framing.unpack_header(bytes(raw))
+        meta = bytes(framing.recv_exact(sock, header.meta_len))
+        nb = header.n_blocks
+        crcs: tuple[int, ...] = ()
+        if nb:
+            crcs = struct.unpack(f"<{nb}I", framing.recv_exact(sock, 4 * nb))
+        if header.op != expect_op:
+            raise framing.FrameError(f"unexpected response op {header.op:#x}")
+        if header.status != Status.OK:
+            if header.data_len:
+                framing.recv_exact(sock, header.data_len)
+            try:
+                err = data_pb2.ErrorResponse.FromString(meta)
+                message = err.message
+            except Exception:
+                message = ""
+            raise _Refused(header.status, message)
+        return header, meta, crcs
+
+    def _read_once(
+        self, target: Target, chain: Chain, inode: int, index: int, offset: int, out: memoryview
+    ) -> int:
+        req = data_pb2.ChunkReadRequest(
+            chain_id=chain.chain_id,
+            target_id=target.target_id,
+            chunk=data_pb2.ChunkId(inode=inode, index=index),
+            offset=offset,
+            length=len(out),
+            chain_version=chain.version,
+        ).SerializeToString()
+
+        def receive(sock):
+            try:
+                header, meta, crcs = self._recv_head(sock, _READ_RESPONSE)
+            except _Refused as exc:
+                if exc.status == Status.NOT_FOUND:
+                    return 0
+                raise
+            resp = data_pb2.ChunkReadResponse.FromString(meta)
+            n_data = header.data_len
+            if n_data == 0:
+                return 0
+            if resp.skip == 0 and n_data <= len(out):
+                dest = out[:n_data]
+                framing.recv_exact_into(sock, dest)
+                framing.verify(dest, crcs, header.block_size)
+                return n_data
+            tmp = memoryview(bytearray(n_data))
+            framing.recv_exact_into(sock, tmp)
+            framing.verify(tmp, crcs, header.block_size)
+            n = max(0, min(n_data - resp.skip, len(out)))
+            out[:n] = tmp[resp.skip : resp.skip + n]
+            return n
+
+        return self._exchange(target.data_address, Op.READ, req, None, receive)
+
+    # reads -------------------------------------------------------------------
+    def _replicas(self, chain: Chain) -> list[Target]:
+        """SERVING replicas, healthy and least loaded first, the tail last among equals."""
+        serving = list(chain.serving)
+        if not serving:
+            return []
+        turn = next(self._rr)
+        n = len(serving)
+        with self._lock:
+            load = {t.data_address: self._outstanding[t.data_address] for t in serving}
+        order = sorted(
+            range(n),
+            key=lambda i: (
+                self.pool.is_bad(serving[i].data_address),
+                load[serving[i].data_address],
+                (i - turn) % n,
+            ),
+        )
+        return [serving[i] for i in order]
+
+    def read_chunk(
+        self, chain_id: int, inode: int, index: int, offset: int, out: memoryview
+    ) -> None:
+        """Fill ``out`` with bytes ``[offset, offset+len(out))`` of chunk ``index``.
+
+        Bytes past the chunk's end (or of a chunk that does not exist) are
+        zeros: they are holes within the file size. Every byte returned was
+        verified against its block CRC32C. Raises OSError(EIO) when no replica
+        could serve the chunk within ``read_timeout``.
+        """
+        if not len(out):
+            return
+        seen: list[RoutingInfo | None] = [None]
+        fatal: list[BaseException] = []
+
+        def attempt() -> None:
+            info, chain = self.routing.chain(chain_id)
+            seen[0] = info
+            failures: list[str] = []
+            bad_requests = 0
+            for target in self._replicas(chain):
+                address = target.data_address
+                with self._lock:
+                    self._outstanding[address] += 1
+                try:
+                    n = self._read_once(target, chain, inode, index, offset, out)
+                except _Refused as exc:
+                    failures.append(f"{address}: {exc}")
+                    if exc.status == Status.BAD_REQUEST:
+                        bad_requests += 1
+                    continue
+                except (OSError, framing.FrameError) as exc:
+                    # connection refused/reset, timeout, bad frame or checksum
+                    self.pool.mark_bad(address)
+                    failures.append(f"{address}: {exc!r}")
+                    continue
+                finally:
+                    with self._lock:
+                        self._outstanding[address] -= 1
+                if n < len(out):
+                    out[n:] = bytes(len(out) - n)
+                return
+            if failures and bad_requests == len(failures):
+                fatal.append(OSError(errno.EIO, f"storage refused the read: {failures[0]}"))
+                return
+            why = "; ".join(failures) or "no serving replica"
+            raise TransientError(f"chunk {inode}:{index} on chain {chain_id}: {why}")
+
+        try:
+            retry(
+                attempt,
+                timeout=self.read_timeout,
+                backoff=0.05,
+                max_backoff=0.5,
+                on_retry=lambda exc: self.routing.refresh(seen[0]),
+            )
+        except TransientError as exc:
+            raise OSError(errno.EIO, f"read failed: {exc}") from None
+        except KeyError:
+            raise OSError(errno.EIO, f"chain {chain_id} is unknown to the cluster") from None
+        if fatal:
+            raise fatal[0]
+
+    # writes ------------------------------------------------------------------
+    def write_chunk(
+        self,
+        chain_id: int,
+        inode: int,
+        index: int,
+        offset: int,
+        data,
+        chunk_size: int,
+    ) -> data_pb2.ChunkWriteResponse:
+        """Write ``data`` at ``offset`` of chunk ``index`` through the chain head.
+
+        Returns once the whole chain holds it. Retries (with the same request
+        id, so the chain applies it once) after routing refreshes until
+        ``write_timeout``; then raises OSError(EIO).
+        """
+        request_id = self.ids.next()
+        seen: list[RoutingInfo | None] = [None]
+        payload = memoryview(data).cast("B")
+
+        def attempt() -> data_pb2.ChunkWriteResponse:
+            info, chain = self.routing.chain(chain_id)
+            seen[0] = info
+            head = chain.head
+            if head is None:
+                raise TransientError(f"chain {chain_id} has no serving head")
+            req = data_pb2.ChunkWriteRequest(
+                chain_id=chain_id,
+                chain_version=chain.version,
+                target_id=head.target_id,
+                chunk=data_pb2.ChunkId(inode=inode, index=index),
+                offset=offset,
+                chunk_size=chunk_size,
+                client_id=self.ids.client_id,
+                request_id=request_id,
+            ).SerializeToString()
+
+            def receive(sock):
+                _, meta, _ = self._recv_head(sock, _WRITE_RESPONSE)
+                return data_pb2.ChunkWriteResponse.FromString(meta)
+
+            try:
+                return self._exchange(head.data_address, Op.WRITE, req, payload, receive)
+            except _Refused as exc:
+                if exc.status in framing.RETRYABLE or exc.status == Status.INTERNAL:
+                    raise TransientError(f"{head.data_address}: {exc}") from None
+                raise OSError(errno.EIO, f"storage refused the write: {exc}") from None
+            except (OSError, framing.FrameError) as exc:
+                self.pool.mark_bad(head.data_address)
+                raise TransientError(f"{head.data_address}: {exc!r}") from None
+
+        try:
+            return retry(
+                attempt,
+                timeout=self.write_timeout,
+                backoff=0.05,
+                max_backoff=1.0,
+                on_retry=lambda exc: self.routing.refresh(seen[0]),
+            )
+        except TransientError as exc:
+            raise OSError(errno.EIO, f"write failed: {exc}") from None
+        except KeyError:
+            raise OSError(errno.EIO, f"chain {chain_id} is unknown to the cluster") from None

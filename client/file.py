@@ -1,0 +1,353 @@
+"""``EmberFile``: a file of EmberFS opened for reading or writing.
+
+Reading builds on fsspec's :class:`~fsspec.spec.AbstractBufferedFile` (seek,
+tell, readline and iteration come from it) with the ``"emberfs"`` readahead
+cache; ``readinto`` and large ``read`` calls fetch chunks in parallel straight
+into one buffer. ``block_size=0`` streams: no cache, every read goes through.
+
+Writing sends whole chunks to their chain heads as soon as they are complete,
+several in flight on the filesystem's thread pool (memory stays bounded by
+``write_depth`` chunks); ``close`` waits for all of them and then ends the
+write session with the exact length.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import sys
+from collections import deque
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, field
+
+from fsspec.spec import AbstractBufferedFile
+
+from emberfs.client.readahead import ReadaheadCache
+from emberfs.proto import common_pb2
+
+# reads at least this large bypass the cache and land in one buffer
+DIRECT_READ_THRESHOLD = 1024 * 1024
+STREAM_READ_UNIT = 1024 * 1024
+
+
+@dataclass
+class OpenHandle:
+    """What one ``MetaService.Open`` returned: enough to read or write the file."""
+
+    path: str
+    attr: common_pb2.InodeAttr
+    session_id: int = 0
+    chains: list[int] = field(default_factory=list)
+
+    @property
+    def inode(self) -> int:
+        return self.attr.inode
+
+    @property
+    def size(self) -> int:
+        return self.attr.size
+
+    @property
+    def chunk_size(self) -> int:
+        return self.attr.layout.chunk_size
+
+    @classmethod
+    def from_open(cls, path: str, resp) -> OpenHandle:
+        return cls(path, resp.attr, resp.session_id, list(resp.attr.layout.chains))
+
+
+_BYTES_DATA_OFFSET = sys.getsizeof(b"") - 1  # where a bytes object's data starts (CPython)
+_FILL_IN_PLACE = sys.implementation.name == "cpython"
+_FILL_IN_PLACE_MIN = 256 * 1024
+
+
+def result_buffer(n: int) -> tuple[bytes | bytearray, memoryview]:
+    """A zeroed ``n``-byte result and a writable view of it.
+
+    Large results are a fresh ``bytes`` object filled in place before anyone
+    else sees it (CPython), so a read returns the received bytes without the
+    final copy a ``bytearray`` would need; :func:`as_bytes` finishes either kind.
+    """
+    if _FILL_IN_PLACE and n >= _FILL_IN_PLACE_MIN:
+        out = bytes(n)
+        raw = (ctypes.c_char * n).from_address(id(out) + _BYTES_DATA_OFFSET)
+        return out, memoryview(raw).cast("B")
+    buf = bytearray(n)
+    return buf, memoryview(buf)
+
+
+def as_bytes(buf: bytes | bytearray, n: int | None = None) -> bytes:
+    """``buf`` (its first ``n`` bytes) as ``bytes``, copying only when needed."""
+    if n is not None and n < len(buf):
+        return bytes(memoryview(buf)[:n])
+    return buf if isinstance(buf, bytes) else bytes(buf)
+
+
+def wait_all(futures) -> None:
+    """Wait for every future, then raise the first error among them."""
+    futures = list(futures)
+    wait(futures)
+    for fut in futures:
+        fut.result()
+
+
+class EmberFile(AbstractBufferedFile):
+    """A file of an :class:`~emberfs.client.fs.EmberFileSystem`.
+
+    Parameters
+    ----------
+    fs : EmberFileSystem
+    path : str
+    mode : {"rb", "wb", "ab", "xb"}
+    handle : OpenHandle
+        The result of the ``Open`` call (size, layout, write session).
+    block_size : int, "default" or None
+        Readahead block / write unit; the file's chunk size by default.
+        ``0`` opens a read stream without cache.
+    cache_type : str, default "emberfs"
+        fsspec cache name for reads.
+    cache_options : dict or None
+    """
+
+    def __init__(
+        self,
+        fs,
+        path: str,
+        mode: str = "rb",
+        *,
+        handle: OpenHandle,
+        block_size="default",
+        autocommit: bool = True,
+        cache_type: str = "emberfs",
+        cache_options: dict | None = None,
+        **kwargs,
+    ) -> None:
+        self.handle = handle
+        chunk = handle.chunk_size or fs.default_block_size
+        self._streaming = block_size == 0
+        if block_size in ("default", None):
+            block_size = chunk
+        elif self._streaming:
+            block_size = STREAM_READ_UNIT
+            cache_type = "none"
+        cache_options = dict(cache_options or {})
+        if mode == "rb" and cache_type == "emberfs":
+            cache_options.setdefault("submit", self._submit_block)
+            cache_options.setdefault("submit_into", self._submit_into)
+            cache_options.setdefault("depth", fs.readahead_depth)
+        super().__init__(
+            fs,
+            path,
+            mode=mode,
+            block_size=block_size,
+            autocommit=autocommit,
+            cache_type=cache_type,
+            cache_options=cache_options,
+            size=handle.size if mode == "rb" else None,
+            **kwargs,
+        )
+        if mode != "rb":
+            self._start = handle.size if mode == "ab" else 0
+            self.loc = self._start
+            self._pending = bytearray()
+            self._pending_at = self._start  # file offset of _pending[0]
+            self._inflight: deque[tuple[int, Future]] = deque()
+            self._failed: BaseException | None = None
+
+    @property
+    def details(self):
+        if self._details is None:
+            self._details = self.fs._attr_info(self.path, self.handle.attr)
+        return self._details
+
+    @details.setter
+    def details(self, value):
+        self._details = value
+        self.size = value["size"]
+
+    # reading -------------------------------------------------------------------
+    def _submit_into(self, start: int, view: memoryview) -> list[Future]:
+        return self.fs._submit_into(self.handle, start, view)
+
+    def _submit_block(self, start: int, end: int) -> Future:
+        return self.fs._submit_block(self.handle, start, end)
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if start >= end:
+            return b""
+        buf, view = result_buffer(end - start)
+        wait_all(self._submit_into(start, view))
+        return as_bytes(buf)
+
+    def readinto(self, b) -> int:
+        """Read into ``b`` (fetching straight into it where nothing is cached)."""
+        if self.mode != "rb":
+            raise ValueError("File not in read mode")
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        out = memoryview(b).cast("B")
+        n = min(len(out), max(0, self.size - self.loc))
+        if n == 0:
+            return 0
+        if isinstance(self.cache, ReadaheadCache):
+            got = self.cache.readinto(self.loc, out[:n])
+        elif type(self.cache).name == "none":
+            wait_all(self._submit_into(self.loc, out[:n]))
+            got = n
+        else:
+            data = super().read(n)
+            out[: len(data)] = data
+            return len(data)
+        self.loc += got
+        return got
+
+    def read(self, length: int = -1) -> bytes:
+        """Read up to ``length`` bytes (all the rest when negative)."""
+        length = -1 if length is None else int(length)
+        if self.mode != "rb":
+            raise ValueError("File not in read mode")
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        if length < 0:
+            length = max(0, self.size - self.loc)
+        length = min(length, max(0, self.size - self.loc))
+        direct = isinstance(self.cache, ReadaheadCache) or type(self.cache).name == "none"
+        if length >= DIRECT_READ_THRESHOLD and direct:
+            buf, view = result_buffer(length)
+            got = self.readinto(view)
+            return as_bytes(buf, got)
+        return super().read(length)
+
+    def readuntil(self, char: bytes = b"\n", blocks: int | None = None) -> bytes:
+        """Bytes up to and including the next ``char`` (or to the end of the file).
+
+        Reads small pieces (64 KiB, doubling while no ``char`` is found) so a
+        line costs a few cache hits, not a whole block.
+        """
+        out = []
+        step = blocks or 64 * 1024
+        while True:
+            start = self.tell()
+            part = self.read(step)
+            if not part:
+                break
+            found = part.find(char)
+            if found > -1:
+                out.append(part[: found + len(char)])
+                self.seek(start + found + len(char))
+                break
+            out.append(part)
+            if blocks is None:
+                step = min(step * 2, DIRECT_READ_THRESHOLD // 2)
+        return b"".join(out)
+
+    # writing ---------------------------------------------------------------------
+    def _initiate_upload(self) -> None:
+        """Nothing to do: the write session was opened with the file."""
+
+    def _send(self, offset: int, data) -> None:
+        """Queue a write of ``data`` at file ``offset`` (within one chunk)."""
+        if self._failed is not None:
+            raise self._failed
+        cs = self.handle.chunk_size
+        index = offset // cs
+        # writes to one chunk stay ordered; the number in flight stays bounded
+        while self._inflight and (
+            len(self._inflight) >= self.fs.write_depth or any(i == index for i, _ in self._inflight)
+        ):
+            self._reap(self._inflight.popleft()[1])
+        self._inflight.append(
+            (index, self.fs._submit_write(self.handle, offset, data)),
+        )
+
+    def _reap(self, fut: Future) -> None:
+        try:
+            fut.result()
+        except BaseException as exc:
+            if self._failed is None:
+                self._failed = exc
+            raise
+
+    def write(self, data) -> int:
+        """Buffer ``data``; every completed chunk is sent at once."""
+        if not self.writable():
+            raise ValueError("File not in write mode")
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        if self.forced:
+            raise ValueError("This file has been force-flushed, can only close")
+        immutable = isinstance(data, bytes)
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        cs = self.handle.chunk_size
+        while len(mv):
+            boundary = (self._pending_at // cs + 1) * cs
+            room = boundary - self._pending_at - len(self._pending)
+            if not self._pending and immutable and len(mv) >= room:
+                self._send(self._pending_at, mv[:room])
+                self._pending_at += room
+                mv = mv[room:]
+                continue
+            take = min(room, len(mv))
+            self._pending += mv[:take]
+            mv = mv[take:]
+            if len(self._pending) == boundary - self._pending_at:
+                self._upload_chunk()
+        self.loc += n
+        return n
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        """Send the buffered bytes; with ``final`` wait for every write."""
+        if self._pending:
+            data, self._pending = self._pending, bytearray()
+            self._send(self._pending_at, data)
+            self._pending_at += len(data)
+        if final:
+            while self._inflight:
+                self._reap(self._inflight.popleft()[1])
+        return True
+
+    def flush(self, force: bool = False) -> None:
+        """Buffered data goes out chunk by chunk; ``force`` sends the rest and waits."""
+        if self.closed:
+            raise ValueError("Flush on closed file")
+        if self.readable() or not force:
+            return
+        if self.forced:
+            raise ValueError("Force flush cannot be called more than once")
+        self.forced = True
+        self._upload_chunk(final=True)
+
+    def close(self) -> None:
+        """Finish the file: all writes, then ``Close`` with the exact length."""
+        if self.closed or getattr(self, "_unclosable", False):
+            return
+        if self.mode == "rb":
+            super().close()
+            return
+        error: BaseException | None = None
+        try:
+            if not self.forced:
+                self.flush(force=True)
+        except BaseException as exc:
+            error = exc
+            wait([f for _, f in self._inflight])
+            self._inflight.clear()
+        finally:
+            self.closed = True
+        h = self.handle
+        try:
+            attr = self.fs._meta.close_file(
+                h.inode, h.session_id, self._pending_at, wrote=error is None, path=self.path
+            )
+            self.handle.attr = attr
+        except BaseException as exc:
+            error = error or exc
+        if error is not None:
+            if isinstance(error, OSError):
+                raise error
+            raise OSError(errno.EIO, f"writing {self.path} failed: {error}") from error
+
+    def discard(self) -> None:
+        """Writes already sent cannot be taken back; the session ends on close."""

@@ -1,0 +1,298 @@
+"""The client's control plane: gRPC stubs for the metaserver, request contexts, retries.
+
+:class:`MetaClient` owns one gRPC channel to the metaserver (``MetaService``
+and ``ClusterService`` share it). The channel is created lazily and belongs to
+the process that created it: after ``os.fork`` the child builds its own
+(gRPC channels are not fork-safe) and gets a fresh client id, so request ids
+of parent and child never collide in the metaserver's idempotency table.
+
+:func:`retry` is the one retry helper of the client: the errors it retries are
+listed in :data:`RETRYABLE_CODES` (gRPC) and :class:`TransientError` (data
+path); the backoff doubles up to a cap until a total deadline passes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import grpc
+
+from emberfs.common import errors
+from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2, meta_pb2, meta_pb2_grpc
+
+T = TypeVar("T")
+
+# gRPC status codes worth retrying: the server is not reachable now, or timed out.
+RETRYABLE_CODES: tuple[grpc.StatusCode, ...] = tuple(errors.RETRYABLE_CODES)
+
+# Channels of a parent process, kept referenced in a forked child so their
+# finalisers never run there (closing a channel inherited across fork is unsafe).
+_INHERITED: list[object] = []
+
+
+class TransientError(Exception):
+    """A data-path failure that a retry (after a routing refresh) may cure."""
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether :func:`retry` retries ``exc``."""
+    if isinstance(exc, TransientError):
+        return True
+    return isinstance(exc, grpc.RpcError) and exc.code() in RETRYABLE_CODES
+
+
+def retry(
+    fn: Callable[[], T],
+    *,
+    timeout: float,
+    attempts: int | None = None,
+    backoff: float = 0.05,
+    max_backoff: float = 1.0,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
+    """Call ``fn`` until it succeeds, a non-retryable error occurs, or time runs out.
+
+    Parameters
+    ----------
+    fn : callable
+        Called with no argument. It must be idempotent (retried requests carry
+        the same request id).
+    timeout : float
+        Total seconds after which the last retryable error is raised.
+    attempts : int or None, default None
+        Upper bound on calls; None means only ``timeout`` bounds them.
+    backoff : float, default 0.05
+        First sleep between attempts; doubled each time (with jitter).
+    max_backoff : float, default 1.0
+        Cap of the sleep.
+    on_retry : callable or None
+        Called with the error before each sleep (e.g. to refresh routing).
+
+    Returns
+    -------
+    The result of ``fn``.
+    """
+    deadline = time.monotonic() + timeout
+    delay = backoff
+    n = 0
+    while True:
+        n += 1
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_retryable(exc):
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0 or (attempts is not None and n >= attempts):
+                raise
+            if on_retry is not None:
+                on_retry(exc)
+            time.sleep(min(delay * (0.5 + random.random()), left, max_backoff))
+            delay = min(delay * 2, max_backoff)
+
+
+class RequestIds:
+    """A client id (uuid4 hex) and increasing request ids, thread-safe."""
+
+    def __init__(self) -> None:
+        self.client_id = uuid.uuid4().hex
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            return next(self._counter)
+
+
+class MetaClient:
+    """Stubs for ``MetaService`` and ``ClusterService`` on one metaserver.
+
+    Parameters
+    ----------
+    address : str
+        ``host:port`` of the metaserver.
+    timeout : float, default 30.0
+        Deadline of each call in seconds.
+    retry_timeout : float, default 30.0
+        How long calls are retried while the metaserver is unavailable.
+    ids : RequestIds or None
+        Client and request ids; a new set when None.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 30.0,
+        retry_timeout: float = 30.0,
+        ids: RequestIds | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.retry_timeout = retry_timeout
+        self.ids = ids or RequestIds()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._channel: grpc.Channel | None = None
+        self._meta: meta_pb2_grpc.MetaServiceStub | None = None
+        self._cluster: cluster_pb2_grpc.ClusterServiceStub | None = None
+        self._uid = os.getuid()
+        self._gid = os.getgid()
+        self._groups = [g for g in os.getgroups() if g != self._gid]
+
+    # channel -----------------------------------------------------------------
+    def _stubs(self) -> tuple[meta_pb2_grpc.MetaServiceStub, cluster_pb2_grpc.ClusterServiceStub]:
+        if self._pid != os.getpid():
+            raise RuntimeError("a MetaClient cannot be used across fork; make a new one")
+        meta, cluster = self._meta, self._cluster
+        if meta is not None and cluster is not None:
+            return meta, cluster
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(
+                    self.address,
+                    options=[
+                        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                        ("grpc.enable_retries", 0),
+                    ],
+                )
+                self._meta = meta_pb2_grpc.MetaServiceStub(self._channel)
+                self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+            return self._meta, self._cluster
+
+    def close(self) -> None:
+        """Close the channel (in the process that created it)."""
+        with self._lock:
+            channel, self._channel = self._channel, None
+            self._meta = self._cluster = None
+        if channel is None:
+            return
+        if self._pid == os.getpid():
+            channel.close()
+        else:
+            _INHERITED.append(channel)
+
+    def abandon(self) -> None:
+        """Drop the channel without closing it (used in a forked child)."""
+        with self._lock:
+            if self._channel is not None:
+                _INHERITED.append(self._channel)
+            self._channel = self._meta = self._cluster = None
+
+    # calls -------------------------------------------------------------------
+    def context(self) -> common_pb2.RequestContext:
+        """A request context with the next request id."""
+        return common_pb2.RequestContext(
+            client_id=self.ids.client_id,
+            request_id=self.ids.next(),
+            uid=self._uid,
+            gid=self._gid,
+            groups=self._groups,
+        )
+
+    def _call(self, service: str, method: str, request, path: str | None = None):
+        """Call ``method`` with retries; failures become builtin OSError subclasses."""
+
+        def once():
+            stub = self._stubs()[0 if service == "meta" else 1]
+            return getattr(stub, method)(request, timeout=self.timeout)
+
+        try:
+            return retry(once, timeout=self.retry_timeout)
+        except grpc.RpcError as exc:
+            raise errors.from_grpc(exc, path) from None
+
+    def meta(self, method: str, request, path: str | None = None):
+        """Call a ``MetaService`` method (with retries and error mapping)."""
+        return self._call("meta", method, request, path)
+
+    def cluster(self, method: str, request):
+        """Call a ``ClusterService`` method (with retries and error mapping)."""
+        return self._call("cluster", method, request)
+
+    # MetaService helpers -----------------------------------------------------
+    def stat(self, path: str, follow: bool = True) -> common_pb2.InodeAttr:
+        """Attributes of ``path``."""
+        req = meta_pb2.StatRequest(ctx=self.context(), path=path, follow=follow)
+        return self.meta("Stat", req, path).attr
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> meta_pb2.OpenResponse:
+        """Open ``path`` (one round trip: attributes, layout, write session)."""
+        req = meta_pb2.OpenRequest(ctx=self.context(), path=path, flags=flags, mode=mode)
+        return self.meta("Open", req, path)
+
+    def close_file(
+        self, inode: int, session_id: int, length: int, wrote: bool, path: str | None = None
+    ) -> common_pb2.InodeAttr:
+        """End a write session, making the length exact when ``wrote``."""
+        req = meta_pb2.CloseRequest(
+            ctx=self.context(), inode=inode, session_id=session_id, length=length, wrote=wrote
+        )
+        return self.meta("Close", req, path).attr
+
+    def sync(
+        self, inode: int, session_id: int, length: int, path: str | None = None
+    ) -> common_pb2.InodeAttr:
+        """Make the length exact while the session stays open."""
+        req = meta_pb2.SyncRequest(
+            ctx=self.context(), inode=inode, session_id=session_id, length=length
+        )
+        return self.meta("Sync", req, path).attr
+
+    def list(self, path: str, page: int = 2000) -> Iterator[meta_pb2.DirEntry]:
+        """Every entry of directory ``path``, page by page, with attributes."""
+        start_after = ""
+        while True:
+            req = meta_pb2.ListRequest(
+                ctx=self.context(), path=path, start_after=start_after, limit=page
+            )
+            resp = self.meta("List", req, path)
+            yield from resp.entries
+            if not resp.more or not resp.entries:
+                return
+            start_after = resp.entries[-1].name
+
+    def mkdir(self, path: str, parents: bool, mode: int = 0o755) -> common_pb2.InodeAttr:
+        req = meta_pb2.MkdirRequest(ctx=self.context(), path=path, mode=mode, parents=parents)
+        return self.meta("Mkdir", req, path).attr
+
+    def remove(self, path: str, recursive: bool = False, directory: bool = False) -> int:
+        req = meta_pb2.RemoveRequest(
+            ctx=self.context(), path=path, recursive=recursive, directory=directory
+        )
+        return self.meta("Remove", req, path).removed
+
+    def rename(self, src: str, dst: str, no_replace: bool = False) -> common_pb2.InodeAttr:
+        req = meta_pb2.RenameRequest(ctx=self.context(), src=src, dst=dst, no_replace=no_replace)
+        return self.meta("Rename", req, src).attr
+
+    def truncate(self, path: str, length: int) -> common_pb2.InodeAttr:
+        req = meta_pb2.TruncateRequest(ctx=self.context(), path=path, length=length)
+        return self.meta("Truncate", req, path).attr
+
+    def setattr(self, path: str, **fields) -> common_pb2.InodeAttr:
+        req = meta_pb2.SetAttrRequest(ctx=self.context(), path=path, **fields)
+        return self.meta("SetAttr", req, path).attr
+
+    def symlink(self, path: str, target: str) -> common_pb2.InodeAttr:
+        req = meta_pb2.SymlinkRequest(ctx=self.context(), path=path, target=target)
+        return self.meta("Symlink", req, path).attr
+
+    def statfs(self) -> meta_pb2.StatFsResponse:
+        return self.meta("StatFs", meta_pb2.StatFsRequest(ctx=self.context()))
+
+    def ping(self) -> None:
+        self.meta("Ping", meta_pb2.PingRequest())
+
+    # ClusterService ----------------------------------------------------------
+    def routing(self, known_version: int = 0) -> common_pb2.RoutingInfo:
+        """The cluster's routing info (targets, chains)."""
+        req = cluster_pb2.GetRoutingRequest(known_version=known_version)
+        return self.cluster("GetRouting", req).routing

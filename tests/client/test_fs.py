@@ -1,0 +1,255 @@
+"""EmberFileSystem methods against a real cluster."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import os
+
+import fsspec
+import pytest
+
+from emberfs.client.fs import EmberFileSystem
+
+MiB = 1024 * 1024
+
+
+def test_strip_protocol_and_url_kwargs():
+    strip = EmberFileSystem._strip_protocol
+    assert strip("emberfs://10.0.0.1:9400/a/b/") == "/a/b"
+    assert strip("ember:///a//b") == "/a/b"
+    assert strip("a/b") == "/a/b"
+    assert strip("/") == "/"
+    assert strip("emberfs://h:1") == "/"
+    assert strip(["/x/", "emberfs:///y"]) == ["/x", "/y"]
+    assert EmberFileSystem._get_kwargs_from_urls("emberfs://h:9/a") == {"meta": "h:9"}
+    assert EmberFileSystem._get_kwargs_from_urls("emberfs:///a") == {}
+
+
+def test_default_meta_from_environment(monkeypatch):
+    monkeypatch.setenv("EMBERFS_META", "192.0.2.1:1234")
+    fs = EmberFileSystem(skip_instance_cache=True)
+    assert fs.meta == "192.0.2.1:1234"
+    monkeypatch.delenv("EMBERFS_META")
+    assert EmberFileSystem(skip_instance_cache=True).meta == "127.0.0.1:9400"
+
+
+def test_options_override_class_defaults():
+    fs = EmberFileSystem("h:1", readahead_depth=3, max_connections=2, skip_instance_cache=True)
+    assert (fs.readahead_depth, fs.max_connections) == (3, 2)
+    assert EmberFileSystem.readahead_depth == 8
+
+
+def test_url_open_and_instance_cache(fs, base, cluster):
+    url = f"emberfs://{cluster.meta_address}{base}/u.bin"
+    with fsspec.open(url, "wb") as f:
+        f.write(b"via url")
+    with fsspec.open(url, "rb") as f:
+        assert f.read() == b"via url"
+    other, path = fsspec.core.url_to_fs(url)
+    assert isinstance(other, EmberFileSystem)
+    assert other.meta == cluster.meta_address and path == f"{base}/u.bin"
+    assert other is fsspec.filesystem("emberfs", meta=cluster.meta_address)
+    assert other.unstrip_protocol(path) == url
+
+
+def test_ls_info_and_types(fs, base):
+    fs.mkdir(f"{base}/dir")
+    fs.pipe_file(f"{base}/file", b"12345")
+    listing = fs.ls(base, detail=True)
+    by_name = {e["name"]: e for e in listing}
+    assert set(by_name) == {f"{base}/dir", f"{base}/file"}
+    f = by_name[f"{base}/file"]
+    assert f["type"] == "file" and f["size"] == 5 and f["nlink"] == 1
+    assert f["ino"] > 0 and f["mtime"] > 0 and f["created"] > 0
+    assert by_name[f"{base}/dir"]["type"] == "directory"
+    assert sorted(fs.ls(base, detail=False)) == sorted(by_name)
+    info = fs.info(f"{base}/file")
+    assert {k: info[k] for k in ("name", "size", "type", "ino")} == {
+        k: f[k] for k in ("name", "size", "type", "ino")
+    }
+    assert fs.ls(f"{base}/file", detail=False) == [f"{base}/file"]
+    assert fs.isdir(base) and not fs.isfile(base)
+    assert fs.isfile(f"{base}/file") and not fs.isdir(f"{base}/file")
+    assert fs.exists(f"{base}/file") and not fs.exists(f"{base}/nope")
+    assert not fs.exists(f"{base}/file/below")
+    assert fs.info("/")["type"] == "directory"
+
+
+def test_ls_paginates(fs, base):
+    small = EmberFileSystem(fs.meta, list_page=7, skip_instance_cache=True)
+    for i in range(23):
+        fs.touch(f"{base}/f{i:02d}")
+    names = small.ls(base, detail=False)
+    assert names == [f"{base}/f{i:02d}" for i in range(23)]
+    small.close()
+
+
+def test_mkdir_makedirs_rmdir(fs, base):
+    fs.mkdir(f"{base}/a/b/c")  # create_parents=True by default
+    assert fs.isdir(f"{base}/a/b/c")
+    with pytest.raises(FileExistsError):
+        fs.mkdir(f"{base}/a/b/c")
+    with pytest.raises(FileNotFoundError):
+        fs.mkdir(f"{base}/x/y", create_parents=False)
+    fs.makedirs(f"{base}/a/b/c", exist_ok=True)
+    with pytest.raises(FileExistsError):
+        fs.makedirs(f"{base}/a/b/c")
+    fs.makedirs(f"{base}/m/n")
+    fs.rmdir(f"{base}/m/n")
+    assert not fs.exists(f"{base}/m/n")
+    with pytest.raises(OSError) as e:
+        fs.rmdir(f"{base}/a")
+    assert e.value.errno == errno.ENOTEMPTY
+
+
+def test_rm_single_and_recursive(fs, base):
+    fs.pipe_file(f"{base}/t/a/1", b"1")
+    fs.pipe_file(f"{base}/t/b/2", b"2")
+    fs.pipe_file(f"{base}/single", b"s")
+    fs.rm(f"{base}/single")
+    assert not fs.exists(f"{base}/single")
+    fs.rm(f"{base}/t", recursive=True)
+    assert not fs.exists(f"{base}/t")
+    fs.pipe_file(f"{base}/g/x1", b"")
+    fs.pipe_file(f"{base}/g/x2", b"")
+    fs.pipe_file(f"{base}/g/y", b"")
+    fs.rm(f"{base}/g/x*")
+    assert fs.ls(f"{base}/g", detail=False) == [f"{base}/g/y"]
+    fs.rm_file(f"{base}/g/y")
+    assert fs.ls(f"{base}/g") == []
+
+
+def test_mv_file_and_directory(fs, base):
+    fs.pipe_file(f"{base}/src", b"data")
+    fs.mv(f"{base}/src", f"{base}/dst")
+    assert not fs.exists(f"{base}/src") and fs.cat_file(f"{base}/dst") == b"data"
+    fs.pipe_file(f"{base}/d1/inner/f", b"tree")
+    fs.mv(f"{base}/d1", f"{base}/d2")
+    assert fs.cat_file(f"{base}/d2/inner/f") == b"tree" and not fs.exists(f"{base}/d1")
+    fs.mkdir(f"{base}/into")
+    fs.mv(f"{base}/dst", f"{base}/into")
+    assert fs.cat_file(f"{base}/into/dst") == b"data"
+    fs.mv(f"{base}/into/dst", f"{base}/new/parents/dst")
+    assert fs.cat_file(f"{base}/new/parents/dst") == b"data"
+
+
+def test_copy_streams_large_file(fs, base):
+    data = os.urandom(9 * MiB + 77)
+    fs.pipe_file(f"{base}/a", data)
+    fs.copy(f"{base}/a", f"{base}/b")
+    assert fs.cat_file(f"{base}/b") == data
+    fs.cp_file(f"{base}/a", f"{base}/c/d")
+    assert fs.cat_file(f"{base}/c/d") == data
+    assert fs.info(f"{base}/a")["ino"] != fs.info(f"{base}/b")["ino"]
+
+
+def test_cat_file_ranges(fs, base):
+    data = os.urandom(5 * MiB + 3)
+    fs.pipe_file(f"{base}/r", data)
+    assert fs.cat_file(f"{base}/r") == data
+    assert fs.cat_file(f"{base}/r", start=10, end=20) == data[10:20]
+    assert (
+        fs.cat_file(f"{base}/r", start=4 * MiB - 5, end=4 * MiB + 5)
+        == data[4 * MiB - 5 : 4 * MiB + 5]
+    )
+    assert fs.cat_file(f"{base}/r", start=-100) == data[-100:]
+    assert fs.cat_file(f"{base}/r", start=len(data) + 10) == b""
+    assert fs.cat_file(f"{base}/r", start=0, end=-1) == data[:-1]
+    assert fs.cat(f"{base}/r") == data
+
+
+def test_cat_ranges_concurrent_and_errors(fs, base):
+    a, b = os.urandom(6 * MiB), os.urandom(1000)
+    fs.pipe_file(f"{base}/a", a)
+    fs.pipe_file(f"{base}/b", b)
+    paths = [f"{base}/a", f"{base}/b", f"{base}/a", f"{base}/missing"]
+    out = fs.cat_ranges(paths, [0, 10, 4 * MiB - 1, 0], [5 * MiB, 20, 6 * MiB, 5])
+    assert out[0] == a[: 5 * MiB] and out[1] == b[10:20] and out[2] == a[4 * MiB - 1 :]
+    assert isinstance(out[3], FileNotFoundError)
+    with pytest.raises(FileNotFoundError):
+        fs.cat_ranges(paths, [0] * 4, [1] * 4, on_error="raise")
+
+
+def test_pipe_file_create_mode(fs, base):
+    fs.pipe_file(f"{base}/p", b"one", mode="create")
+    with pytest.raises(FileExistsError):
+        fs.pipe_file(f"{base}/p", b"two", mode="create")
+    assert fs.cat_file(f"{base}/p") == b"one"
+    fs.pipe_file(f"{base}/p", b"three")
+    assert fs.cat_file(f"{base}/p") == b"three"
+    fs.pipe({f"{base}/m1": b"1", f"{base}/m2": b"22"})
+    assert fs.cat([f"{base}/m1", f"{base}/m2"]) == {f"{base}/m1": b"1", f"{base}/m2": b"22"}
+
+
+def test_touch_truncate_and_keep(fs, base):
+    fs.touch(f"{base}/t")
+    assert fs.info(f"{base}/t")["size"] == 0
+    fs.pipe_file(f"{base}/t", b"content")
+    before = fs.info(f"{base}/t")["mtime"]
+    fs.touch(f"{base}/t", truncate=False)
+    info = fs.info(f"{base}/t")
+    assert info["size"] == 7 and info["mtime"] >= before
+    assert fs.cat_file(f"{base}/t") == b"content"
+    fs.touch(f"{base}/t")
+    assert fs.cat_file(f"{base}/t") == b""
+
+
+def test_du_find_glob_walk(fs, base):
+    fs.pipe_file(f"{base}/w/a", b"x" * 10)
+    fs.pipe_file(f"{base}/w/s/b", b"y" * 20)
+    fs.pipe_file(f"{base}/w/s/t/c.txt", b"z" * 30)
+    assert fs.du(f"{base}/w") == 60
+    assert fs.du(f"{base}/w", total=False)[f"{base}/w/s/b"] == 20
+    assert fs.find(f"{base}/w") == [f"{base}/w/a", f"{base}/w/s/b", f"{base}/w/s/t/c.txt"]
+    assert f"{base}/w/s" in fs.find(f"{base}/w", withdirs=True)
+    assert fs.glob(f"{base}/w/**/*.txt") == [f"{base}/w/s/t/c.txt"]
+    assert fs.glob(f"{base}/w/*") == [f"{base}/w/a", f"{base}/w/s"]
+    walked = list(fs.walk(f"{base}/w"))
+    assert walked[0] == (f"{base}/w", ["s"], ["a"])
+    assert len(walked) == 3
+
+
+def test_modified_created_ukey_checksum(fs, base):
+    fs.pipe_file(f"{base}/k", b"v1")
+    m, c = fs.modified(f"{base}/k"), fs.created(f"{base}/k")
+    assert isinstance(m, datetime.datetime) and m.tzinfo is not None
+    now = datetime.datetime.now(datetime.UTC)
+    assert abs((now - m).total_seconds()) < 120 and c <= m
+    key, summ = fs.ukey(f"{base}/k"), fs.checksum(f"{base}/k")
+    assert fs.ukey(f"{base}/k") == key
+    fs.pipe_file(f"{base}/k", b"v2 longer")
+    assert fs.ukey(f"{base}/k") != key and fs.checksum(f"{base}/k") != summ
+
+
+def test_put_get_files_and_trees(fs, base, tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    big = os.urandom(5 * MiB + 11)
+    (src / "big.bin").write_bytes(big)
+    (src / "sub" / "small.txt").write_bytes(b"small")
+    fs.put(str(src), f"{base}/up", recursive=True)
+    assert fs.cat_file(f"{base}/up/big.bin") == big
+    assert fs.cat_file(f"{base}/up/sub/small.txt") == b"small"
+    fs.put_file(str(src / "big.bin"), f"{base}/one.bin")
+    assert fs.info(f"{base}/one.bin")["size"] == len(big)
+    out = tmp_path / "out"
+    fs.get(f"{base}/up", str(out), recursive=True)
+    assert (out / "big.bin").read_bytes() == big
+    assert (out / "sub" / "small.txt").read_bytes() == b"small"
+    fs.get_file(f"{base}/one.bin", str(tmp_path / "one.bin"))
+    assert (tmp_path / "one.bin").read_bytes() == big
+
+
+def test_threads_share_one_instance(fs, base):
+    from concurrent.futures import ThreadPoolExecutor
+
+    blobs = {f"{base}/th{i}": os.urandom(MiB + i) for i in range(8)}
+
+    def roundtrip(item):
+        path, data = item
+        fs.pipe_file(path, data)
+        return fs.cat_file(path) == data
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(roundtrip, blobs.items()))
