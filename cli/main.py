@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rm": ("emberfs.cli.files", "main_rm", "remove files or trees"),
     "mkdir": ("emberfs.cli.files", "main_mkdir", "make a directory"),
     "mv": ("emberfs.cli.files", "main_mv", "rename or move"),
+    "admin": ("emberfs.cli.admin", "main", "show and steer a cluster through its admin API"),
 }
 
 

@@ -243,3 +243,101 @@ def form_chains(free: Iterable[tuple[int, str]], replicas: int, next_chain_id: i
         chains.append(Chain.new(chain_id, members))
         chain_id += 1
     return chains
+
+
+# ------------------------------------------------------------------ draining
+#
+# Draining moves a chain's membership from one target to another without
+# lowering the number of up-to-date copies: the replacement joins at the tail
+# (waiting, so it syncs from its serving predecessor like a returning target)
+# while the drained target keeps its place and state; once the replacement
+# serves, the drained target leaves the chain.
+
+
+def _bumped(before: Chain, after: Chain) -> Chain:
+    """``after`` with a version above ``before``'s (a change of membership always bumps)."""
+    if after.version > before.version:
+        return after
+    return Chain(after.chain_id, before.version + 1, after.targets, after.states)
+
+
+def pick_replacement(
+    chain: Chain, node_of: Mapping[int, str], free: Iterable[tuple[int, str]]
+) -> int | None:
+    """The free target that should take a drained member's place in ``chain``, or None.
+
+    Parameters
+    ----------
+    chain : Chain
+        The chain that loses a member.
+    node_of : mapping of int to str
+        Node id of (at least) every member of ``chain``.
+    free : iterable of (target id, node id)
+        Targets in no chain that can serve now.
+
+    Returns
+    -------
+    int or None
+        The lowest-id free target on a node that holds no member of ``chain``
+        (the drained target's node included), or None when there is none.
+    """
+    taken = {node_of[t] for t in chain.targets}
+    candidates = sorted(tid for tid, node in free if node not in taken)
+    return candidates[0] if candidates else None
+
+
+def drain_start(chain: Chain, target_id: int, replacement: int) -> Chain:
+    """Add ``replacement`` at the tail of ``chain`` to take ``target_id``'s place.
+
+    The replacement joins waiting (and starts syncing at once when the chain
+    has a serving member and no sync runs); ``target_id`` keeps its place and
+    state. The version always bumps.
+
+    Raises
+    ------
+    errors.NotFound
+        ``target_id`` is not a member of the chain.
+    errors.Busy
+        ``replacement`` is already a member.
+    """
+    if target_id not in chain.targets:
+        raise errors.NotFound(f"target {target_id} is not in chain {chain.chain_id}")
+    if replacement in chain.targets:
+        raise errors.Busy(f"target {replacement} is already in chain {chain.chain_id}")
+    grown = Chain(
+        chain.chain_id,
+        chain.version,
+        chain.targets + (replacement,),
+        chain.states + (WAITING,),
+    )
+    return _bumped(chain, settle(grown, grown.state_map()))
+
+
+def drain_finish(chain: Chain, target_id: int, replacement: int) -> Chain:
+    """Remove ``target_id`` from ``chain`` once ``replacement`` serves in it.
+
+    Returns ``chain`` itself while the replacement does not serve yet (or when
+    either target is no longer a member); else the chain without
+    ``target_id``, settled, under a new version.
+    """
+    if target_id not in chain.targets or replacement not in chain.targets:
+        return chain
+    if chain.state_of(replacement) != SERVING:
+        return chain
+    kept = [(t, s) for t, s in zip(chain.targets, chain.states, strict=True) if t != target_id]
+    shrunk = Chain(
+        chain.chain_id,
+        chain.version,
+        tuple(t for t, _ in kept),
+        tuple(s for _, s in kept),
+    )
+    return _bumped(chain, settle(shrunk, shrunk.state_map()))
+
+
+def chain_health(states: Iterable[int]) -> str:
+    """``"healthy"`` when every member serves, ``"degraded"`` when some do, else ``"unavailable"``."""
+    states = list(states)
+    serving = sum(1 for s in states if s == SERVING)
+    if states and serving == len(states):
+        return "healthy"
+    return "degraded" if serving else "unavailable"

@@ -34,6 +34,8 @@ _U64 = struct.Struct(">Q")
 _NEXT_TARGET = "cluster.next_target_id"
 _NEXT_CHAIN = "cluster.next_chain_id"
 _ROUTING_VERSION = "cluster.routing_version"
+_DRAINS = "cluster.drains"  # JSON {drained target id: replacement target id}
+_FENCED = "cluster.fenced"  # JSON [target ids held offline until their node registers again]
 
 MAX_NODE_ID = 255
 MAX_TARGETS_PER_NODE = 1024
@@ -80,6 +82,7 @@ class _Changes:
     targets: set[int] = field(default_factory=set)  # state, chain or new target: bumps routing
     usage: set[int] = field(default_factory=set)  # capacity/used/chunks only
     chains: set[int] = field(default_factory=set)
+    admin: bool = False  # drains or fenced targets changed
 
     @property
     def bumps_routing(self) -> bool:
@@ -140,6 +143,7 @@ class ClusterManager:
         now = clock()
         self._last_seen: dict[str, float] = {node_id: now for node_id in self._nodes}
         self._absent: set[int] = set()  # targets their node left out of its last registration
+        self._io: dict[int, tuple[int, int]] = {}  # target -> (bytes read, bytes written)
 
     # ------------------------------------------------------------------ state
 
@@ -162,6 +166,12 @@ class ClusterManager:
         self._next_chain = self._counter(_NEXT_CHAIN, 1)
         self._routing_version = self._counter(_ROUTING_VERSION, 0)
         self._routing_cache: common_pb2.RoutingInfo | None = None
+        raw = self.engine.get(keys.config_key(_DRAINS))
+        self._drains: dict[int, int] = (
+            {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
+        )
+        raw = self.engine.get(keys.config_key(_FENCED))
+        self._fenced: set[int] = set(json.loads(raw)) if raw else set()
 
     def _counter(self, name: str, default: int) -> int:
         raw = self.engine.get(keys.config_key(name))
@@ -169,7 +179,8 @@ class ClusterManager:
 
     def _flush(self, changes: _Changes) -> None:
         """Write what ``changes`` names as one batch (bumping the routing version if needed)."""
-        if not (changes.bumps_routing or changes.usage):
+        self._finish_drains(changes)
+        if not (changes.bumps_routing or changes.usage or changes.admin):
             return
         version = self._routing_version + 1 if changes.bumps_routing else self._routing_version
         puts: dict[bytes, bytes] = {
@@ -185,6 +196,11 @@ class ClusterManager:
             c = self._chains[cid]
             rec = common_pb2.ChainInfo(chain_id=cid, version=c.version, targets=c.targets)
             puts[keys.chain_key(cid)] = rec.SerializeToString()
+        if changes.admin:
+            puts[keys.config_key(_DRAINS)] = json.dumps(
+                {str(k): v for k, v in sorted(self._drains.items())}
+            ).encode()
+            puts[keys.config_key(_FENCED)] = json.dumps(sorted(self._fenced)).encode()
         try:
             self.engine.write(puts)
         except BaseException:
@@ -290,6 +306,12 @@ class ClusterManager:
         with self._lock:
             return [self._nodes[n] for n in sorted(self._nodes)]
 
+    def heartbeat_ages(self) -> dict[str, float]:
+        """Seconds since each node's last heartbeat or registration (since start-up when none)."""
+        with self._lock:
+            now = self.clock()
+            return {node_id: max(0.0, now - seen) for node_id, seen in self._last_seen.items()}
+
     # ---------------------------------------------------------- node protocol
 
     def register_node(
@@ -343,8 +365,12 @@ class ClusterManager:
                     changes.targets.add(tid)
                 else:
                     self._absent.discard(tid)
+                    if tid in self._fenced:
+                        self._fenced.discard(tid)
+                        changes.admin = True
                     self._return_target(tid, True, changes)
                 self._set_usage(tid, report, changes)
+                self._io[tid] = (report.bytes_read, report.bytes_written)
                 ids.append(tid)
             for tid in self._node_targets(req.node_id):
                 if tid not in ids:
@@ -383,7 +409,8 @@ class ClusterManager:
             changes = _Changes()
             for report in req.targets:
                 self._set_usage(report.target_id, report, changes)
-            for tid in sorted(own - self._absent):
+                self._io[report.target_id] = (report.bytes_read, report.bytes_written)
+            for tid in sorted(own - self._absent - self._fenced):
                 if self._targets[tid].state in (OFFLINE, chainstate.LASTSRV):
                     self._return_target(tid, False, changes)
             if changes.targets:
@@ -426,6 +453,131 @@ class ClusterManager:
             went_offline = bool(changes.targets)
         if went_offline:
             self.collect_gc()
+
+    # ---------------------------------------------------------- admin steering
+
+    def _finish_drains(self, changes: _Changes) -> None:
+        """Drop each drained target whose replacement serves from its chain (see drain_target)."""
+        for drained, replacement in sorted(self._drains.items()):
+            info = self._targets[replacement]
+            chain = self._chains.get(info.chain_id)
+            if chain is None:
+                continue
+            new = chainstate.drain_finish(chain, drained, replacement)
+            if new is chain:
+                continue
+            self._set_chain(new, changes)
+            left = self._targets[drained]
+            left.chain_id = 0
+            left.state = OFFLINE
+            self._fenced.add(drained)
+            del self._drains[drained]
+            changes.targets.add(drained)
+            changes.admin = True
+
+    def offline_target(self, target_id: int) -> common_pb2.TargetInfo:
+        """Take a target out of service as if its heartbeats had stopped.
+
+        The target goes offline (lastsrv when it was its chain's last serving
+        member), its chain is reordered and its version bumps. It stays
+        offline (heartbeats do not bring it back) until its storage server
+        registers again, i.e. restarts; then it returns like any restarted
+        target (waiting, then syncing from its chain's serving predecessor).
+
+        Raises
+        ------
+        errors.NotFound
+            No such target.
+        """
+        with self._lock:
+            if target_id not in self._targets:
+                raise errors.NotFound(f"no target {target_id}")
+            changes = _Changes(admin=target_id not in self._fenced)
+            self._fenced.add(target_id)
+            self._timeout_target(target_id, changes)
+            self._flush(changes)
+            out = common_pb2.TargetInfo()
+            out.CopyFrom(self._targets[target_id])
+        self.collect_gc()  # an offline target no longer holds up GC items
+        return out
+
+    def drain_target(self, target_id: int) -> tuple[int, int]:
+        """Start moving a target's chain membership to a free target.
+
+        A free target (in no chain, serving, on a node that holds no member of
+        the chain) joins the chain at its tail as waiting and is resynced by
+        its serving predecessor; the drained target keeps serving meanwhile.
+        Once the replacement serves, the drained target leaves the chain and
+        is held offline until its storage server registers again. Draining a
+        target that is already draining returns the drain under way.
+
+        Returns
+        -------
+        tuple of int
+            ``(chain id, replacement target id)``.
+
+        Raises
+        ------
+        errors.NotFound
+            No such target.
+        errors.Busy
+            The target is in no chain, is itself the replacement of a drain,
+            or no free target can replace it.
+        """
+        with self._lock:
+            info = self._targets.get(target_id)
+            if info is None:
+                raise errors.NotFound(f"no target {target_id}")
+            if target_id in self._drains:
+                replacement = self._drains[target_id]
+                return self._targets[replacement].chain_id, replacement
+            if target_id in self._drains.values():
+                raise errors.Busy(f"target {target_id} is replacing a drained target")
+            if not info.chain_id:
+                raise errors.Busy(f"target {target_id} is in no chain")
+            chain = self._chains[info.chain_id]
+            free = [
+                (tid, t.node_id)
+                for tid, t in self._targets.items()
+                if t.chain_id == 0
+                and t.state == SERVING
+                and tid not in self._absent
+                and tid not in self._fenced
+            ]
+            node_of = {tid: t.node_id for tid, t in self._targets.items()}
+            replacement = chainstate.pick_replacement(chain, node_of, free)
+            if replacement is None:
+                raise errors.Busy(
+                    f"no free target on a node outside chain {chain.chain_id} can replace "
+                    f"target {target_id}"
+                )
+            changes = _Changes(admin=True)
+            self._drains[target_id] = replacement
+            self._set_chain(chainstate.drain_start(chain, target_id, replacement), changes)
+            self._flush(changes)
+            return chain.chain_id, replacement
+
+    def drains(self) -> dict[int, int]:
+        """Drains under way: ``{drained target id: replacement target id}``."""
+        with self._lock:
+            return dict(self._drains)
+
+    def fenced(self) -> set[int]:
+        """Targets held offline until their node registers again."""
+        with self._lock:
+            return set(self._fenced)
+
+    def io_totals(self) -> tuple[int, int]:
+        """``(bytes read, bytes written)`` summed over the counters nodes last reported.
+
+        Each node counts from its own start, so the sum drops when a node
+        restarts; rates are differences of successive readings, clamped at 0.
+        """
+        with self._lock:
+            return (
+                sum(r for r, _ in self._io.values()),
+                sum(w for _, w in self._io.values()),
+            )
 
     # --------------------------------------------------------------------- GC
 

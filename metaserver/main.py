@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -27,6 +28,7 @@ from emberfs.common import layout as layout_rules
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.kv import KVEngine, RocksEngine
+from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.truncate import truncate_chunks
 from emberfs.proto import common_pb2
 
@@ -65,6 +67,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=layout_rules.DEFAULT_STRIPE,
         help="default number of chains per file (default 4)",
+    )
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get("EMBERFS_ADMIN_TOKEN"),
+        help="bearer token of the admin API's steering routes (default: $EMBERFS_ADMIN_TOKEN; "
+        "with neither, steering is refused)",
     )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
@@ -174,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
             options=[("grpc.so_reuseport", 0)],
+            interceptors=[MetricsInterceptor()],
         )
         namespace = add_namespace(engine, cluster, grpc_server, args)
         cluster_service.add_to_server(cluster_service.ClusterServicer(cluster), grpc_server)
@@ -191,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         from emberfs.metaserver.admin import create_app
 
         try:
-            admin = _start_admin(create_app(cluster, namespace), args.admin_listen)
+            app = create_app(cluster, namespace, admin_token=args.admin_token)
+            admin = _start_admin(app, args.admin_listen)
         except OSError as exc:
             print(
                 f"emberfs metaserver: cannot listen on {args.admin_listen}: {exc}", file=sys.stderr

@@ -1,0 +1,329 @@
+"""``emberfs admin``: show and steer a cluster through its admin REST API.
+
+::
+
+    emberfs admin status            # cluster summary
+    emberfs admin nodes|targets|chains|sessions
+    emberfs admin offline ID        # take a target offline (needs the token)
+    emberfs admin drain ID          # move a target's chain membership (needs the token)
+    emberfs admin gc [--run]        # pending GC items; --run sweeps now (needs the token)
+
+The API address comes from ``--admin`` or ``EMBERFS_ADMIN`` (default
+``http://127.0.0.1:9401``), the token from ``--token`` or
+``EMBERFS_ADMIN_TOKEN``. Tables are printed with rich; ``--json`` prints the
+API's JSON instead. Errors are one line on stderr and exit status 1 (2 for
+usage errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+DEFAULT_ADMIN = "http://127.0.0.1:9401"
+TIMEOUT = 10.0
+
+STATE_STYLES = {
+    "serving": "green",
+    "syncing": "blue",
+    "waiting": "yellow",
+    "lastsrv": "dark_orange",
+    "offline": "red",
+    "healthy": "green",
+    "degraded": "dark_orange",
+    "unavailable": "red",
+}
+
+
+class AdminError(Exception):
+    """A request failed: the message is the one line to show."""
+
+
+class AdminClient:
+    """A small client of the admin REST API.
+
+    Parameters
+    ----------
+    base_url : str
+        ``http://host:port`` of the metaserver's admin API.
+    token : str or None, default None
+        Bearer token for steering requests.
+    timeout : float, default 10.0
+        Seconds per request.
+    """
+
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = TIMEOUT):
+        if "://" not in base_url:
+            base_url = "http://" + base_url
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """Send one request; the decoded JSON answer, or :class:`AdminError`."""
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(
+            self.base_url + path, data=data, headers=headers, method=method
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise AdminError(f"{exc.code} {_detail(exc)}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise AdminError(f"cannot reach the admin API at {self.base_url}: {reason}") from None
+        except ValueError:
+            raise AdminError(f"{self.base_url}{path} did not answer JSON") from None
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, body)
+
+
+def _detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        payload = json.loads(exc.read())
+    except (ValueError, OSError):
+        return exc.reason or "error"
+    if isinstance(payload, dict) and payload.get("detail"):
+        return str(payload["detail"])
+    if isinstance(payload, dict) and payload.get("reason"):
+        return str(payload["reason"])
+    return exc.reason or "error"
+
+
+def _styled(value: str) -> str:
+    style = STATE_STYLES.get(value)
+    return f"[{style}]{value}[/{style}]" if style else value
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def show_status(c: dict, console: Console) -> None:
+    t = Table(title=f"EmberFS cluster: {_styled(c['health'])}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    targets = c["targets"]
+    chains = c["chains"]
+    t.add_row("version", f"{c['version']} (routing {c['routing_version']})")
+    t.add_row("nodes", str(c["nodes"]))
+    t.add_row(
+        "targets",
+        f"{targets['total']}: "
+        + ", ".join(
+            f"{targets[s]} {_styled(s)}"
+            for s in ("serving", "syncing", "waiting", "lastsrv", "offline")
+            if targets[s]
+        ),
+    )
+    t.add_row(
+        "chains",
+        f"{chains['total']}: "
+        + ", ".join(
+            f"{chains[h]} {_styled(h)}" for h in ("healthy", "degraded", "unavailable") if chains[h]
+        ),
+    )
+    pct = 100 * c["used"] / c["capacity"] if c["capacity"] else 0.0
+    t.add_row("capacity", f"{_bytes(c['used'])} used of {_bytes(c['capacity'])} ({pct:.1f}%)")
+    t.add_row("I/O", f"{_bytes(c['bytes_read'])} read, {_bytes(c['bytes_written'])} written")
+    ns = c.get("namespace")
+    if ns:
+        t.add_row(
+            "namespace",
+            f"{ns['files']} files, {ns['directories']} directories, {ns['symlinks']} symlinks, "
+            f"{ns['sessions']} open for write",
+        )
+    t.add_row("gc pending", str(c["gc_pending"]))
+    for d in c["drains"]:
+        t.add_row(
+            "drain",
+            f"target {d['target']} -> {d['replacement']} in chain {d['chain']} "
+            f"({_styled(d['replacement_state'])})",
+        )
+    console.print(t)
+
+
+def show_targets(targets: list[dict], console: Console) -> None:
+    t = Table(title="Targets")
+    for col in ("id", "node", "address", "state", "chain", "chunks", "used", "capacity"):
+        t.add_column(col, justify="right" if col in ("id", "chain", "chunks") else "left")
+    for x in targets:
+        t.add_row(
+            str(x["id"]),
+            escape(x["node"]),
+            escape(x["address"]),
+            _styled(x["state"]),
+            str(x["chain"] or "-"),
+            str(x["chunks"]),
+            _bytes(x["used"]),
+            _bytes(x["capacity"]),
+        )
+    console.print(t)
+
+
+def show_chains(chains: list[dict], console: Console) -> None:
+    t = Table(title="Chains")
+    t.add_column("id", justify="right")
+    t.add_column("version", justify="right")
+    t.add_column("targets (head first)")
+    for c in chains:
+        members = "  ".join(f"{m['id']}:{_styled(m['state'])}" for m in c["targets"])
+        t.add_row(str(c["id"]), str(c["version"]), members)
+    console.print(t)
+
+
+def show_nodes(nodes: list[dict], console: Console) -> None:
+    t = Table(title="Nodes")
+    for col in ("id", "address", "grpc address", "targets", "up", "last heartbeat"):
+        t.add_column(col)
+    for n in nodes:
+        age = n["last_heartbeat_seconds"]
+        t.add_row(
+            escape(n["id"]),
+            escape(n["address"]),
+            escape(n["grpc_address"]),
+            ", ".join(str(x) for x in n["targets"]),
+            "[green]yes[/green]" if n["up"] else "[red]no[/red]",
+            "-" if age is None else f"{age:.1f} s ago",
+        )
+    console.print(t)
+
+
+def show_sessions(sessions: list[dict], console: Console) -> None:
+    t = Table(title="Write sessions")
+    for col in ("inode", "session", "client", "since (ns)"):
+        t.add_column(col)
+    for s in sessions:
+        t.add_row(str(s["inode"]), str(s["session_id"]), escape(s["client_id"]), str(s["since"]))
+    console.print(t)
+
+
+def show_gc(items: list[dict], console: Console) -> None:
+    t = Table(title=f"Pending GC items: {len(items)}")
+    for col in ("gc id", "inode", "chains", "acked", "waiting for"):
+        t.add_column(col)
+    for i in items:
+        t.add_row(
+            str(i["gc_id"]),
+            str(i["inode"]),
+            ", ".join(map(str, i["chains"])),
+            ", ".join(map(str, i["acked"])) or "-",
+            ", ".join(map(str, i["waiting"])) or "-",
+        )
+    console.print(t)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="emberfs admin", description="Show and steer an EmberFS cluster (admin REST API)."
+    )
+    p.add_argument(
+        "--admin",
+        default=os.environ.get("EMBERFS_ADMIN", DEFAULT_ADMIN),
+        help=f"admin API URL (default: $EMBERFS_ADMIN or {DEFAULT_ADMIN})",
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("EMBERFS_ADMIN_TOKEN"),
+        help="admin token for steering (default: $EMBERFS_ADMIN_TOKEN)",
+    )
+    p.add_argument("--json", action="store_true", help="print the API's JSON instead of tables")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("status", help="cluster summary")
+    sub.add_parser("nodes", help="storage nodes")
+    sub.add_parser("targets", help="storage targets")
+    sub.add_parser("chains", help="replication chains")
+    sub.add_parser("sessions", help="open write sessions")
+    for name, text in (
+        ("offline", "take a target offline until its storage server restarts"),
+        ("drain", "move a target's chain membership to a free target"),
+    ):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("target", type=int, help="target id")
+    gc = sub.add_parser("gc", help="pending GC items")
+    gc.add_argument("--run", action="store_true", help="run a GC sweep on the metaserver now")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    """Carry out one parsed command; :class:`AdminError` on failure."""
+    client = AdminClient(args.admin, args.token)
+    cmd = args.command
+    if cmd == "status":
+        data, show = client.get("/api/v1/cluster"), show_status
+    elif cmd in ("nodes", "targets", "chains", "sessions"):
+        data = client.get(f"/api/v1/{cmd}")
+        show = {
+            "nodes": show_nodes,
+            "targets": show_targets,
+            "chains": show_chains,
+            "sessions": show_sessions,
+        }[cmd]
+    elif cmd == "offline":
+        data = client.post(f"/api/v1/targets/{args.target}/offline")
+
+        def show(d, con):
+            con.print(f"target {d['id']} is {_styled(d['state'])} (chain {d['chain'] or '-'})")
+
+    elif cmd == "drain":
+        data = client.post(f"/api/v1/targets/{args.target}/drain")
+
+        def show(d, con):
+            con.print(
+                f"draining target {d['target']} of chain {d['chain']}: target "
+                f"{d['replacement']} replaces it ({_styled(d['replacement_state'])})"
+            )
+
+    elif cmd == "gc" and args.run:
+        data = client.post("/api/v1/gc/run")
+
+        def show(d, con):
+            con.print(f"removed {d['removed']} GC items, {d['pending']} pending")
+
+    else:
+        data, show = client.get("/api/v1/gc"), show_gc
+    if args.json:
+        console.print_json(data=data)
+    else:
+        show(data, console)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``emberfs admin``; the exit code."""
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    console = Console()
+    try:
+        run(args, console)
+    except AdminError as exc:
+        print(f"emberfs admin: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

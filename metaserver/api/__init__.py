@@ -1,0 +1,125 @@
+"""The admin REST API of the metaserver (FastAPI), its metrics and its dashboard.
+
+:func:`create_app` builds the application around the metaserver's
+:class:`~emberfs.metaserver.cluster.ClusterManager` and namespace. Routes:
+
+* ``/healthz``, ``/readyz``: probes;
+* ``/api/v1/cluster``, ``/nodes``, ``/targets[/{id}]``, ``/chains[/{id}]``,
+  ``/sessions``, ``/gc``, ``/layouts``: read the cluster (no token needed);
+* ``POST /api/v1/targets/{id}/offline``, ``POST /api/v1/targets/{id}/drain``,
+  ``POST /api/v1/gc/run``, ``PUT /api/v1/layouts``: steer it, with
+  ``Authorization: Bearer <admin token>``;
+* ``/metrics`` (Prometheus), ``/docs`` and ``/openapi.json``, and the
+  dashboard at ``/`` (static HTML and JavaScript polling the API).
+
+Every error is JSON ``{"detail": "..."}``: typed errors of
+:mod:`emberfs.common.errors` map to 400/403/404/409/503, invalid parameters
+to 422.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from emberfs.common import errors
+from emberfs.common.version import __version__
+from emberfs.metaserver.api.routers import chains as _chains
+from emberfs.metaserver.api.routers import cluster as _cluster
+from emberfs.metaserver.api.routers import gc as _gc
+from emberfs.metaserver.api.routers import health as _health
+from emberfs.metaserver.api.routers import layouts as _layouts
+from emberfs.metaserver.api.routers import metrics as _metrics
+from emberfs.metaserver.api.routers import nodes as _nodes
+from emberfs.metaserver.api.routers import sessions as _sessions
+from emberfs.metaserver.api.routers import targets as _targets
+from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.metrics import registry_for
+
+STATIC_DIR = Path(__file__).parent / "static"
+ROUTERS = (_health, _cluster, _nodes, _targets, _chains, _sessions, _gc, _layouts, _metrics)
+"""The router modules, in the order the app includes them."""
+
+_STATUS_OF_ERROR: list[tuple[type[errors.EmberError], int]] = [
+    (errors.NotFound, status.HTTP_404_NOT_FOUND),
+    (errors.Busy, status.HTTP_409_CONFLICT),
+    (errors.AlreadyExists, status.HTTP_409_CONFLICT),
+    (errors.PermissionDenied, status.HTTP_403_FORBIDDEN),
+    (errors.NotPermitted, status.HTTP_403_FORBIDDEN),
+    (errors.Unavailable, status.HTTP_503_SERVICE_UNAVAILABLE),
+    (errors.Internal, status.HTTP_500_INTERNAL_SERVER_ERROR),
+]
+
+
+def http_status(exc: errors.EmberError) -> int:
+    """The HTTP status of a typed error (400 for bad input of any kind)."""
+    for cls, code in _STATUS_OF_ERROR:
+        if isinstance(exc, cls):
+            return code
+    return status.HTTP_400_BAD_REQUEST
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "request"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(
+    cluster: ClusterManager, namespace: Any = None, *, admin_token: str | None = None
+) -> FastAPI:
+    """The admin application.
+
+    Parameters
+    ----------
+    cluster : ClusterManager
+        The cluster state to show and steer.
+    namespace : Namespace or None, default None
+        The metaserver's namespace (sessions, layouts and inode counts);
+        routes that need it answer 503 without one.
+    admin_token : str or None, default None
+        The bearer token of the steering routes; with None (or empty) they
+        answer 403 "no admin token configured".
+
+    Returns
+    -------
+    fastapi.FastAPI
+    """
+    app = FastAPI(
+        title="EmberFS admin API",
+        version=__version__,
+        description="Show and steer an EmberFS cluster: targets, chains, drains, GC, layouts.",
+    )
+    app.state.cluster = cluster
+    app.state.namespace = namespace
+    app.state.admin_token = admin_token or None
+    app.state.registry = registry_for(cluster, namespace)
+
+    @app.exception_handler(errors.EmberError)
+    async def _ember_error(request: Request, exc: errors.EmberError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=http_status(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": _validation_detail(exc)},
+            status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+        )
+
+    for module in ROUTERS:
+        app.include_router(module.router)
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    return app

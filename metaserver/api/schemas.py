@@ -1,0 +1,208 @@
+"""Pydantic schemas of every admin API request and response.
+
+``*Public`` models are what the API returns; ``*In`` models are request
+bodies. Target states are the lower-case names of 3FS's public states
+(``serving``, ``syncing``, ``waiting``, ``lastsrv``, ``offline``); chain
+health is ``healthy`` (every member serving), ``degraded`` (some) or
+``unavailable`` (none).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+TargetState = Literal["serving", "syncing", "waiting", "lastsrv", "offline"]
+ChainHealth = Literal["healthy", "degraded", "unavailable"]
+
+U32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
+
+
+class ErrorPublic(BaseModel):
+    """Every error response: a status code and one readable sentence."""
+
+    detail: str
+
+
+class Health(BaseModel):
+    """Liveness: the process answers."""
+
+    status: Literal["ok"]
+
+
+class ReadyPublic(BaseModel):
+    """Readiness: ``ready`` or ``unavailable`` with the reason."""
+
+    status: Literal["ready", "unavailable"]
+    reason: str | None = None
+
+
+class TargetPublic(BaseModel):
+    """A storage target as the admin API shows it (``chain`` 0: in no chain)."""
+
+    id: int
+    node: str
+    address: str
+    grpc_address: str
+    state: TargetState
+    capacity: int
+    used: int
+    chunks: int
+    chain: int
+
+
+class ChainMemberPublic(BaseModel):
+    """One member of a chain and its state."""
+
+    id: int
+    state: TargetState
+
+
+class ChainPublic(BaseModel):
+    """A replication chain: its version and its targets, head first."""
+
+    id: int
+    version: int
+    targets: list[ChainMemberPublic]
+
+
+class NodePublic(BaseModel):
+    """A storage node: its addresses, targets and liveness."""
+
+    id: str
+    address: str
+    grpc_address: str
+    targets: list[int]
+    up: bool = Field(description="false when every target of the node is offline")
+    last_heartbeat_seconds: float | None = Field(
+        description="seconds since the node's last heartbeat (since the metaserver started "
+        "when none yet)"
+    )
+
+
+class TargetCounts(BaseModel):
+    """Number of targets in each state."""
+
+    total: int
+    serving: int
+    syncing: int
+    waiting: int
+    lastsrv: int
+    offline: int
+
+
+class ChainCounts(BaseModel):
+    """Number of chains by health."""
+
+    total: int
+    healthy: int
+    degraded: int
+    unavailable: int
+
+
+class NamespaceCounts(BaseModel):
+    """Inodes by type and open write sessions."""
+
+    inodes: int
+    files: int
+    directories: int
+    symlinks: int
+    sessions: int
+
+
+class DrainPublic(BaseModel):
+    """A drain under way: ``target`` leaves ``chain`` once ``replacement`` serves."""
+
+    target: int
+    chain: int
+    replacement: int
+    replacement_state: TargetState
+
+
+class ClusterPublic(BaseModel):
+    """Summary of the whole cluster."""
+
+    version: str = Field(description="emberfs version of the metaserver")
+    routing_version: int
+    health: ChainHealth = Field(
+        description="healthy when every chain is, unavailable when any chain is, else degraded"
+    )
+    nodes: int
+    targets: TargetCounts
+    chains: ChainCounts
+    capacity: int = Field(description="bytes, summed over every target")
+    used: int = Field(description="bytes, summed over every target")
+    bytes_read: int = Field(description="bytes read from targets, summed node counters")
+    bytes_written: int = Field(description="bytes written to targets, summed node counters")
+    namespace: NamespaceCounts | None
+    gc_pending: int
+    drains: list[DrainPublic]
+
+
+class SessionPublic(BaseModel):
+    """An open write session (a file open for writing)."""
+
+    inode: int
+    session_id: int
+    client_id: str
+    since: int = Field(description="opening time, nanoseconds since the epoch")
+
+
+class GCItemPublic(BaseModel):
+    """A removed file whose chunks the targets of its chains still have to drop."""
+
+    gc_id: int
+    inode: int
+    chains: list[int]
+    acked: list[int] = Field(description="targets that dropped the chunks")
+    waiting: list[int] = Field(description="targets still to drop them")
+
+
+class GCRunPublic(BaseModel):
+    """Result of a GC pass on the metaserver."""
+
+    removed: int = Field(description="items every required target had acknowledged")
+    pending: int = Field(description="items still waiting for a target")
+
+
+class LayoutIn(BaseModel):
+    """A directory layout. ``chunk_size`` 0 clears it (the directory inherits again)."""
+
+    chunk_size: U32 = Field(description="bytes, a power of two from 64 KiB to 64 MiB, or 0")
+    stripe: U32 = Field(0, description="chains per file, 1..256 (0 only with chunk_size 0)")
+    chain_table: list[U32] = Field(
+        default_factory=list, max_length=65536, description="chain ids (empty: every chain)"
+    )
+
+
+class LayoutPublic(BaseModel):
+    """The layout stored on a directory (``chunk_size`` 0: inherited from its parent)."""
+
+    path: str
+    inode: int
+    chunk_size: int
+    stripe: int
+    chain_table: list[int]
+
+
+ERROR_RESPONSES: dict[int | str, dict] = {
+    code: {"model": ErrorPublic, "description": text}
+    for code, text in (
+        (400, "Bad request"),
+        (404, "Not found"),
+        (422, "Invalid parameters"),
+        (503, "Unavailable"),
+    )
+}
+"""Error responses every ``/api/v1`` route may give."""
+
+STEERING_RESPONSES: dict[int | str, dict] = {
+    code: {"model": ErrorPublic, "description": text}
+    for code, text in (
+        (401, "No bearer token"),
+        (403, "Wrong token, or no admin token configured"),
+        (409, "Conflicts with the cluster's state"),
+    )
+}
+"""The extra error responses of steering routes."""

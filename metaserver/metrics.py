@@ -1,0 +1,231 @@
+"""Prometheus metrics of the metaserver.
+
+Two kinds of metrics, both exposed on the admin API's ``/metrics``:
+
+* counters and histograms of the gRPC calls served (``MetaService`` and
+  ``ClusterService``), kept in :data:`REGISTRY` and fed by
+  :class:`MetricsInterceptor`, which the gRPC server installs;
+* gauges of the cluster and namespace state (targets by state, chains by
+  health, capacity, inode counts, GC queue, storage I/O totals), read at
+  scrape time by :class:`ClusterCollector`.
+
+:func:`registry_for` combines both (plus the process and Python runtime
+collectors) into the registry one admin app serves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from emberfs.metaserver import chainstate, keys
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""The metaserver's own request metrics (one per process)."""
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+
+RPC_REQUESTS = Counter(
+    "emberfs_meta_requests",
+    "gRPC requests served by the metaserver, by service, method and status code.",
+    ["service", "method", "code"],
+    registry=REGISTRY,
+)
+RPC_LATENCY = Histogram(
+    "emberfs_meta_request_duration_seconds",
+    "Time to serve a gRPC request in the metaserver, by service and method.",
+    ["service", "method"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+STATES = ("serving", "syncing", "waiting", "lastsrv", "offline")
+HEALTHS = ("healthy", "degraded", "unavailable")
+
+
+def _split_method(full: str) -> tuple[str, str]:
+    """``"/emberfs.MetaService/Stat"`` to ``("MetaService", "Stat")``."""
+    _, _, rest = full.partition("/")
+    service, _, method = rest.rpartition("/")
+    return service.rpartition(".")[2] or "unknown", method or "unknown"
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):
+    """Counts and times every unary-unary call of a gRPC server.
+
+    The status code is the one the handler set (``context.abort`` or
+    ``set_code``), ``OK`` when it returned normally without one, and
+    ``UNKNOWN`` for an exception that set none.
+    """
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        service, method = _split_method(handler_call_details.method)
+        behavior = handler.unary_unary
+
+        def timed(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code: grpc.StatusCode | None = None
+            try:
+                response = behavior(request, context)
+                code = context.code() or grpc.StatusCode.OK
+                return response
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                RPC_LATENCY.labels(service, method).observe(time.perf_counter() - start)
+                name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+                RPC_REQUESTS.labels(service, method, name).inc()
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class ClusterCollector(Collector):
+    """Gauges of the cluster (and namespace) state, read at every scrape.
+
+    Parameters
+    ----------
+    cluster : ClusterManager
+        The cluster manager to read.
+    namespace : Namespace or None, default None
+        The namespace, for inode and session counts (left out when None).
+    """
+
+    def __init__(self, cluster: Any, namespace: Any = None):
+        self.cluster = cluster
+        self.namespace = namespace
+
+    def collect(self) -> Iterator[Metric]:
+        routing = self.cluster.routing()
+        state_of = {t.target_id: t.state for t in routing.targets}
+        by_state = dict.fromkeys(STATES, 0)
+        for t in routing.targets:
+            by_state[chainstate.state_name(t.state)] += 1
+        targets = GaugeMetricFamily(
+            "emberfs_targets", "Storage targets by public state.", labels=["state"]
+        )
+        for state in STATES:
+            targets.add_metric([state], by_state[state])
+        yield targets
+
+        by_health = dict.fromkeys(HEALTHS, 0)
+        for c in routing.chains:
+            by_health[chainstate.chain_health(state_of[t] for t in c.targets)] += 1
+        chains = GaugeMetricFamily(
+            "emberfs_chains",
+            "Replication chains by health (healthy: all serving, degraded: some, "
+            "unavailable: none).",
+            labels=["health"],
+        )
+        for health in HEALTHS:
+            chains.add_metric([health], by_health[health])
+        yield chains
+
+        yield GaugeMetricFamily(
+            "emberfs_nodes",
+            "Registered storage nodes.",
+            value=len({t.node_id for t in routing.targets}),
+        )
+        capacity, used = self.cluster.usage()
+        yield GaugeMetricFamily(
+            "emberfs_capacity_bytes", "Capacity of all targets, in bytes.", value=capacity
+        )
+        yield GaugeMetricFamily("emberfs_used_bytes", "Bytes used on all targets.", value=used)
+        yield GaugeMetricFamily(
+            "emberfs_routing_version", "Version of the routing info.", value=routing.version
+        )
+        yield GaugeMetricFamily(
+            "emberfs_drains", "Target drains under way.", value=len(self.cluster.drains())
+        )
+        pending = sum(1 for _ in self.cluster.engine.scan_prefix(keys.GC))
+        yield GaugeMetricFamily(
+            "emberfs_gc_pending_items", "Removed files whose chunks await GC.", value=pending
+        )
+        read, written = self.cluster.io_totals()
+        yield CounterMetricFamily(
+            "emberfs_storage_read_bytes",
+            "Bytes read from storage targets, as the nodes last reported.",
+            value=read,
+        )
+        yield CounterMetricFamily(
+            "emberfs_storage_written_bytes",
+            "Bytes written to storage targets, as the nodes last reported.",
+            value=written,
+        )
+        if self.namespace is not None:
+            counts = self.namespace.counts()
+            inodes = GaugeMetricFamily("emberfs_inodes", "Inodes by type.", labels=["type"])
+            for kind in ("files", "directories", "symlinks"):
+                inodes.add_metric([kind], counts[kind])
+            yield inodes
+            yield GaugeMetricFamily(
+                "emberfs_write_sessions", "Open write sessions.", value=counts["sessions"]
+            )
+
+
+class _Forward(Collector):
+    """Collects what another registry or collector holds (so one registry can serve several)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.source.collect()
+
+
+def registry_for(cluster: Any, namespace: Any = None) -> CollectorRegistry:
+    """The registry an admin app serves: request metrics, cluster gauges, process metrics.
+
+    Parameters
+    ----------
+    cluster : ClusterManager
+    namespace : Namespace or None, default None
+
+    Returns
+    -------
+    prometheus_client.CollectorRegistry
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Forward(REGISTRY))
+    registry.register(ClusterCollector(cluster, namespace))
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(_Forward(collector))
+    return registry
