@@ -137,8 +137,8 @@ class LocalCluster:
     meta_port, admin_port : int, default 0
         0 picks free ports.
     storage_ports : list[int] | None
-        Data ports of the storage servers (their gRPC port is the next one);
-        None picks free ports.
+        Data ports of the storage servers; each also uses the next port (gRPC)
+        and the one after (Prometheus metrics). None picks free ports.
     heartbeat_timeout : float, default 5.0
     extra_meta_args, extra_storage_args : list[str]
         Passed through to the commands.
@@ -162,7 +162,9 @@ class LocalCluster:
         self.meta_port = self.meta_port or free_port(self.host)
         self.admin_port = self.admin_port or free_port(self.host)
         if self.storage_ports is None:
-            self.storage_ports = [self._free_pair() for _ in range(self.storage_servers)]
+            self.storage_ports = []
+            for _ in range(self.storage_servers):
+                self.storage_ports.append(self._free_triple())
         cmd = emberfs_command()
         logs = self.data_dir / "logs"
         self.meta = Service(
@@ -199,6 +201,8 @@ class LocalCluster:
                     f"{self.host}:{port}",
                     "--grpc-listen",
                     f"{self.host}:{port + 1}",
+                    "--metrics-listen",
+                    f"{self.host}:{port + 2}",
                     "--targets",
                     str(self.targets_per_server),
                 ]
@@ -209,17 +213,21 @@ class LocalCluster:
             for i, port in enumerate(self.storage_ports)
         ]
 
-    def _free_pair(self) -> int:
-        """A port p with p and p+1 both free (data and gRPC)."""
+    def _free_triple(self) -> int:
+        """A port p with p, p+1 and p+2 all free (data, gRPC, metrics)."""
+        taken = {p + k for p in (self.storage_ports or []) for k in range(3)}
         for _ in range(200):
             p = free_port(self.host)
+            if {p, p + 1, p + 2} & taken:
+                continue
             try:
-                with socket.socket() as s:
-                    s.bind((self.host, p + 1))
+                for k in (1, 2):
+                    with socket.socket() as s:
+                        s.bind((self.host, p + k))
                 return p
             except OSError:
                 continue
-        raise RuntimeError("no pair of free ports")
+        raise RuntimeError("no three consecutive free ports")
 
     # addresses -------------------------------------------------------------
     @property
@@ -239,6 +247,9 @@ class LocalCluster:
 
     def storage_grpc_address(self, i: int) -> str:
         return f"{self.host}:{self.storage_ports[i] + 1}"
+
+    def storage_metrics_url(self, i: int) -> str:
+        return f"http://{self.host}:{self.storage_ports[i] + 2}/metrics"
 
     # lifecycle ---------------------------------------------------------------
     def child_env(self) -> dict[str, str]:

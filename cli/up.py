@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--storage-port",
         type=int,
         default=9500,
-        help="first storage data port; server i uses PORT+2i (data) and PORT+2i+1 (gRPC) (default: 9500)",
+        help="first storage port; server i uses PORT+3i (data), +1 (gRPC) and +2 (metrics) (default: 9500)",
     )
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds (default: 5)")
     return p
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         targets_per_server=args.targets,
         meta_port=args.meta_port,
         admin_port=args.admin_port,
-        storage_ports=[args.storage_port + 2 * i for i in range(args.storage_servers)],
+        storage_ports=[args.storage_port + 3 * i for i in range(args.storage_servers)],
         heartbeat_timeout=args.heartbeat_timeout,
         env={"EMBERFS_ADMIN_TOKEN": token},
     )
@@ -106,6 +106,7 @@ def print_endpoints(cluster: LocalCluster, token: str, generated: bool) -> None:
     for i, s in enumerate(cluster.storage):
         lines.append(
             f"  storage-{i}    data {cluster.storage_address(i)}  gRPC {cluster.storage_grpc_address(i)}"
+            f"  metrics {cluster.storage_metrics_url(i)}"
             f"  (pid {s.proc.pid})"
         )
     lines += [

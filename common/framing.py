@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import os
+import select
 import socket
 import struct
 from dataclasses import dataclass
@@ -198,8 +199,16 @@ def send_file_frame(
     head = pack_header(op, Status.OK, len(meta), length, block_size) + meta + _crc_table(crcs)
     sock.sendall(head)
     sent = 0
+    timeout = sock.gettimeout()
     while sent < length:
-        n = os.sendfile(sock.fileno(), fd, offset + sent, length - sent)
+        try:
+            n = os.sendfile(sock.fileno(), fd, offset + sent, length - sent)
+        except BlockingIOError:
+            # A socket with a timeout is non-blocking underneath: wait until it drains.
+            _, writable, _ = select.select([], [sock], [], timeout)
+            if not writable:
+                raise socket.timeout("timed out sending file data") from None
+            continue
         if n == 0:
             raise FrameError("file ended before the frame was sent")
         sent += n

@@ -176,3 +176,37 @@ def test_header_layout_is_stable():
     magic, version, op, status, meta_len, data_len, block, _ = struct.unpack("<IBBHIIII", raw)
     assert raw[:4] == b"EMBF"
     assert (version, op, status, meta_len, data_len, block) == (1, 2, 0, 7, 9, 65536)
+
+
+def test_sendfile_frame_on_a_socket_with_timeout(tmp_path):
+    """A socket with a timeout is non-blocking underneath; large files still go out whole."""
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    b.settimeout(10)
+    data = os.urandom(8 * 1024 * 1024)
+    path = tmp_path / "big"
+    path.write_bytes(data)
+    crcs = framing.block_crcs(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t = threading.Thread(
+            target=framing.send_file_frame,
+            args=(
+                a,
+                framing.Op.READ | framing.RESPONSE,
+                b"",
+                fd,
+                0,
+                len(data),
+                crcs,
+                framing.DEFAULT_BLOCK,
+            ),
+        )
+        t.start()
+        frame = framing.recv_frame(b)
+        t.join()
+    finally:
+        os.close(fd)
+        a.close()
+        b.close()
+    assert bytes(frame.data) == data

@@ -1,0 +1,135 @@
+"""`emberfs up`: a whole cluster in the foreground, stopped by SIGTERM, back with its data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from emberfs.cli.localcluster import emberfs_command, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _free_run(n: int) -> int:
+    """A base port with n consecutive free ports."""
+    import socket
+
+    for _ in range(100):
+        base = free_port()
+        try:
+            for k in range(n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
+def _start(data_dir, meta, admin, storage, token="test-token"):
+    env = dict(os.environ, EMBERFS_ADMIN_TOKEN=token, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        emberfs_command()
+        + [
+            "up",
+            "--data-dir",
+            str(data_dir),
+            "--meta-port",
+            str(meta),
+            "--admin-port",
+            str(admin),
+            "--storage-port",
+            str(storage),
+            "--heartbeat-timeout",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    lines = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        lines.append(line)
+        if "Press Ctrl-C to stop." in line or time.monotonic() > deadline:
+            break
+    return proc, "".join(lines)
+
+
+def _stop(proc) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rest = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert "Stopped." in rest
+    return proc.returncode
+
+
+def _children_roles(pid: int) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-o", "args=", "--ppid", str(pid)], capture_output=True, text=True)
+    roles = []
+    for line in out.stdout.splitlines():
+        words = line.split()
+        at = [i for i, w in enumerate(words) if w.endswith("emberfs") or w == "emberfs.cli.main"]
+        if at and at[0] + 1 < len(words):
+            roles.append(words[at[0] + 1])
+    return roles
+
+
+def test_up_runs_every_role_and_keeps_data_across_restarts(tmp_path):
+    meta, admin = free_port(), free_port()
+    storage = _free_run(9)
+    data_dir = tmp_path / "data"
+    cli = emberfs_command()
+    env = dict(os.environ, EMBERFS_META=f"127.0.0.1:{meta}")
+    payload = os.urandom(3 * 1024 * 1024 + 123)
+    (tmp_path / "in.bin").write_bytes(payload)
+
+    proc, banner = _start(data_dir, meta, admin, storage)
+    try:
+        assert proc.poll() is None, banner
+        assert f"metaserver   127.0.0.1:{meta}" in banner
+        assert f"http://127.0.0.1:{admin}" in banner
+        assert "test-token" in banner
+        for i in range(3):
+            assert f"storage-{i}    data 127.0.0.1:{storage + 3 * i}" in banner
+        roles = _children_roles(proc.pid)
+        assert sorted(roles) == ["metaserver", "storageserver", "storageserver", "storageserver"]
+
+        run = lambda *a: subprocess.run(cli + list(a), env=env, capture_output=True, timeout=60)  # noqa: E731
+        assert run("mkdir", "/d").returncode == 0
+        r = run("put", str(tmp_path / "in.bin"), "/d/file.bin")
+        assert r.returncode == 0, r.stderr
+    finally:
+        code = _stop(proc)
+    assert code == 0
+    assert _children_roles(proc.pid) == []
+
+    proc, banner = _start(data_dir, meta, admin, storage)
+    try:
+        assert proc.poll() is None, banner
+        r = subprocess.run(cli + ["cat", "/d/file.bin"], env=env, capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == payload
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_up_refuses_bad_replica_count(tmp_path):
+    r = subprocess.run(
+        emberfs_command()
+        + ["up", "--data-dir", str(tmp_path), "--storage-servers", "2", "--replicas", "3"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert "--replicas" in r.stderr
