@@ -11,7 +11,6 @@ address>`` on stdout; SIGTERM or SIGINT stops it cleanly.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -26,9 +25,11 @@ import grpc
 
 from emberfs.common import layout as layout_rules
 from emberfs.metaserver import cluster_service
+from emberfs.metaserver import service as meta_service
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.kv import KVEngine, RocksEngine
 from emberfs.metaserver.metrics import MetricsInterceptor
+from emberfs.metaserver.namespace import Namespace
 from emberfs.metaserver.truncate import truncate_chunks
 from emberfs.proto import common_pb2
 
@@ -36,7 +37,6 @@ log = logging.getLogger("emberfs.metaserver")
 
 GRPC_WORKERS = 32
 GC_SWEEP_INTERVAL = 10.0
-_NAMESPACE_MODULES = ("emberfs.metaserver.namespace", "emberfs.metaserver.service")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -106,31 +106,17 @@ def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def add_namespace(
-    engine: KVEngine, cluster: ClusterManager, server: grpc.Server, args: argparse.Namespace
-):
-    """Build the namespace and add ``MetaService`` to ``server``; the namespace.
-
-    Returns None (after a warning) when this installation has no namespace
-    modules, so the cluster side still runs.
-    """
-    try:
-        service = importlib.import_module("emberfs.metaserver.service")
-        Namespace = importlib.import_module("emberfs.metaserver.namespace").Namespace
-    except ModuleNotFoundError as exc:
-        if exc.name not in _NAMESPACE_MODULES:
-            raise
-        print(f"emberfs metaserver: {exc.name} is missing; MetaService is off", file=sys.stderr)
-        return None
-    namespace = Namespace(
+def build_namespace(
+    engine: KVEngine, cluster: ClusterManager, args: argparse.Namespace
+) -> Namespace:
+    """The namespace over ``engine``, fed chains and usage by the cluster manager."""
+    return Namespace(
         engine,
         chain_table=cluster.chain_table,
         truncate_chunks=partial(truncate_chunks, cluster),
         usage=cluster.usage,
         default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
     )
-    service.add_to_server(service.MetaServicer(namespace), server)
-    return namespace
 
 
 def _timeout_loop(cluster: ClusterManager, stop: threading.Event, interval: float) -> None:
@@ -184,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             options=[("grpc.so_reuseport", 0)],
             interceptors=[MetricsInterceptor()],
         )
-        namespace = add_namespace(engine, cluster, grpc_server, args)
+        namespace = build_namespace(engine, cluster, args)
+        meta_service.add_to_server(meta_service.MetaServicer(namespace), grpc_server)
         cluster_service.add_to_server(cluster_service.ClusterServicer(cluster), grpc_server)
         host, _ = split_address(args.listen)
         try:
