@@ -1,0 +1,346 @@
+#!/usr/bin/env bash
+# Run the EmberFS docker compose test cluster (deploy/docker-compose.yml).
+#
+# usage: deploy/cluster.sh COMMAND [ARGS...]
+#
+# commands:
+#   build         base image (cached), wheels (cached), server image
+#   up            build, start the cluster, wait until every container is
+#                 healthy and the metaserver reports every target serving
+#   down          stop the cluster and remove its containers, network, volumes
+#   status        containers and targets
+#   logs [ARGS]   compose logs (e.g. logs -f storage1)
+#   compose ARGS  any other compose command, with this cluster's settings
+#   env           print the settings of this cluster as shell assignments
+#
+# environment (defaults in brackets):
+#   EMBERFS_COMPOSE_PROJECT  compose project name                   [emberfs]
+#   EMBERFS_IMAGE            server image tag                       [emberfs:latest]
+#   EMBERFS_BASE_IMAGE       base image; emberfs-base:bookworm is built
+#                            locally by deploy/base-image.sh, any other
+#                            name is used as it is (e.g. python:3.11-slim)
+#                                                                   [emberfs-base:bookworm]
+#   EMBERFS_META_PORT        metaserver gRPC port on 127.0.0.1      [9400]
+#   EMBERFS_ADMIN_PORT       admin API port on 127.0.0.1            [9401]
+#   EMBERFS_NET_PREFIX       /24 subnet of the cluster network, as three
+#                            octets; picked free when unset         [172.29.83 if free]
+#   EMBERFS_TARGETS          targets per storage server             [2]
+#   EMBERFS_UP_TIMEOUT       seconds 'up' waits for a healthy cluster [180]
+#   EMBERFS_PYTHON           host Python 3.11 that builds the wheels [python3]
+set -euo pipefail
+
+DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$DEPLOY_DIR/.." && pwd)"
+CACHE="$DEPLOY_DIR/.cache"
+COMPOSE_FILE="$DEPLOY_DIR/docker-compose.yml"
+STORAGE_SERVICES=(storage1 storage2 storage3)
+
+PROJECT="${EMBERFS_COMPOSE_PROJECT:-emberfs}"
+BASE_IMAGE="${EMBERFS_BASE_IMAGE:-emberfs-base:bookworm}"
+PYTHON="${EMBERFS_PYTHON:-python3}"
+UP_TIMEOUT="${EMBERFS_UP_TIMEOUT:-180}"
+STATE_FILE="$CACHE/clusters/$PROJECT.env"
+
+# Temporary files and directories, removed when the script exits.
+CLEANUP=()
+trap 'rm -rf "${CLEANUP[@]}"' EXIT
+
+log() { echo "[cluster] $*" >&2; }
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+# The comment block at the top of this file.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; }
+
+if docker compose version >/dev/null 2>&1; then
+    COMPOSE_BIN=(docker compose)
+elif command -v docker-compose >/dev/null 2>&1; then
+    COMPOSE_BIN=(docker-compose)
+else
+    COMPOSE_BIN=()
+fi
+
+compose() {
+    [[ ${#COMPOSE_BIN[@]} -gt 0 ]] || die "neither 'docker compose' nor 'docker-compose' is installed"
+    "${COMPOSE_BIN[@]}" -p "$PROJECT" -f "$COMPOSE_FILE" "$@"
+}
+
+# ---------------------------------------------------------------- locking
+
+# Builds share deploy/.cache and the image tag, and clusters pick subnets: one
+# cluster.sh at a time does either.
+LOCKED=0
+lock() {
+    [[ "$LOCKED" -eq 0 ]] || return 0
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.lock"
+    if ! flock -w 1800 9; then die "another cluster.sh has held $CACHE/.lock for 30 minutes"; fi
+    LOCKED=1
+}
+unlock() {
+    [[ "$LOCKED" -eq 1 ]] || return 0
+    flock -u 9
+    exec 9>&-
+    LOCKED=0
+}
+
+# ---------------------------------------------------------------- settings
+
+# Print the first /24 (as three octets) of 172.29.0.0/16 that overlaps no host
+# route and no Docker network, starting at 172.29.83.
+pick_net_prefix() {
+    local used
+    used="$( { ip -4 route show 2>/dev/null | awk '{print $1}'
+              docker network ls -q | xargs -r docker network inspect \
+                  -f '{{range .IPAM.Config}}{{.Subnet}} {{end}}' 2>/dev/null | tr ' ' '\n'
+            } | grep -E '^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+(/[0-9]+)?$' || true)"
+    USED="$used" "$PYTHON" - <<'EOF'
+import ipaddress, os, sys
+used = [ipaddress.ip_network(n, strict=False) for n in os.environ["USED"].split()]
+for k in list(range(83, 256)) + list(range(0, 83)):
+    net = ipaddress.ip_network(f"172.29.{k}.0/24")
+    if not any(net.overlaps(u) for u in used):
+        print(f"172.29.{k}")
+        sys.exit(0)
+sys.exit("no free /24 in 172.29.0.0/16; set EMBERFS_NET_PREFIX")
+EOF
+}
+
+# Load this project's saved settings, then fill in what is still unset.
+load_settings() {
+    if [[ -f "$STATE_FILE" ]]; then
+        local key value
+        while IFS='=' read -r key value; do
+            [[ -n "$key" ]] || continue
+            # Explicit environment wins over the saved settings.
+            if [[ -z "${!key:-}" ]]; then export "$key=$value"; fi
+        done <"$STATE_FILE"
+    fi
+    export EMBERFS_IMAGE="${EMBERFS_IMAGE:-emberfs:latest}"
+    export EMBERFS_META_PORT="${EMBERFS_META_PORT:-9400}"
+    export EMBERFS_ADMIN_PORT="${EMBERFS_ADMIN_PORT:-9401}"
+    export EMBERFS_TARGETS="${EMBERFS_TARGETS:-2}"
+}
+
+save_settings() {
+    mkdir -p "$(dirname "$STATE_FILE")"
+    {
+        echo "EMBERFS_IMAGE=$EMBERFS_IMAGE"
+        echo "EMBERFS_META_PORT=$EMBERFS_META_PORT"
+        echo "EMBERFS_ADMIN_PORT=$EMBERFS_ADMIN_PORT"
+        echo "EMBERFS_NET_PREFIX=$EMBERFS_NET_PREFIX"
+        echo "EMBERFS_TARGETS=$EMBERFS_TARGETS"
+    } >"$STATE_FILE"
+}
+
+# ---------------------------------------------------------------- build
+
+# Files that make the emberfs wheel (tracked or new, not ignored).
+source_files() {
+    local f
+    if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        git -C "$ROOT" ls-files -co --exclude-standard -z -- \
+            pyproject.toml README.md LICENSE common proto metaserver storageserver client cli
+    else
+        (cd "$ROOT" && find pyproject.toml README.md LICENSE common proto metaserver \
+            storageserver client cli -type f ! -name '*.pyc' -print0 2>/dev/null)
+    fi | while IFS= read -r -d '' f; do
+        [[ -f "$ROOT/$f" ]] && printf '%s\0' "$f"
+    done
+}
+
+build_wheels() {
+    local wheels="$CACHE/wheels" src key pyver
+    pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    if [[ "$BASE_IMAGE" == "emberfs-base:bookworm" || "$BASE_IMAGE" == python:3.11* ]] \
+        && [[ "$pyver" != "3.11" ]]; then
+        die "the image runs Python 3.11 but $PYTHON is $pyver; set EMBERFS_PYTHON to a Python 3.11"
+    fi
+    mkdir -p "$wheels/deps" "$wheels/emberfs"
+    src="$(mktemp -d /tmp/emberfs-src.XXXXXX)"
+    CLEANUP+=("$src")
+    # Build from a clean copy: no stale build/ tree can leak into the wheel.
+    (cd "$ROOT" && source_files | tar -cf - --null -T -) | tar -C "$src" -xf -
+
+    key="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+    if [[ "$(cat "$wheels/deps/.key" 2>/dev/null)" != "$key" ]]; then
+        log "building dependency wheels"
+        rm -f "$wheels"/deps/*.whl "$wheels/deps/.key"
+        "$PYTHON" -m pip wheel -q --no-build-isolation --wheel-dir "$wheels/deps" "$src[server]"
+        rm -f "$wheels"/deps/emberfs-*.whl
+        echo "$key" >"$wheels/deps/.key"
+    else
+        log "dependency wheels cached"
+    fi
+
+    key="$(cd "$src" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
+    if [[ "$(cat "$wheels/emberfs/.key" 2>/dev/null)" != "$key" ]]; then
+        log "building the emberfs wheel"
+        rm -f "$wheels"/emberfs/*.whl "$wheels/emberfs/.key"
+        "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation --wheel-dir "$wheels/emberfs" "$src"
+        echo "$key" >"$wheels/emberfs/.key"
+    else
+        log "emberfs wheel cached"
+    fi
+}
+
+cmd_build() {
+    local t0 t held=$LOCKED
+    load_settings
+    lock
+    t0=$(date +%s)
+    if [[ "$BASE_IMAGE" == "emberfs-base:bookworm" ]]; then
+        "$DEPLOY_DIR/base-image.sh" --image "$BASE_IMAGE"
+    elif ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+        log "base image $BASE_IMAGE is not present locally; docker build will try to pull it"
+    fi
+    t=$(date +%s); log "base image ready ($((t - t0)) s)"
+    build_wheels
+    t=$(date +%s); log "wheels ready ($((t - t0)) s)"
+    local out
+    out="$(mktemp /tmp/emberfs-build.XXXXXX)"
+    CLEANUP+=("$out")
+    if ! docker build -f "$DEPLOY_DIR/Dockerfile" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+        -t "$EMBERFS_IMAGE" "$ROOT" >"$out" 2>&1; then
+        tail -n 40 "$out" >&2
+        die "docker build failed"
+    fi
+    # Earlier builds, now untagged: server images, and install stages but the newest
+    # (it holds the cached dependency layer of the next build).
+    docker image prune -f --filter "label=org.emberfs.image=server" >/dev/null
+    docker images -q --no-trunc --filter dangling=true --filter "label=org.emberfs.image=install" \
+        | tail -n +2 | xargs -r docker rmi >/dev/null 2>&1 || true
+    t=$(date +%s)
+    log "image $EMBERFS_IMAGE ready ($((t - t0)) s, $(docker image inspect -f '{{.Size}}' "$EMBERFS_IMAGE") bytes)"
+    [[ "$held" -eq 1 ]] || unlock
+}
+
+# ---------------------------------------------------------------- run
+
+admin_url() { echo "http://127.0.0.1:$EMBERFS_ADMIN_PORT"; }
+
+# Exit status 0 when the admin API lists at least $1 targets, all serving.
+# Prints a one-line summary either way.
+targets_serving() {
+    URL="$(admin_url)/api/v1/targets" WANT="$1" "$PYTHON" - <<'EOF'
+import json, os, sys, urllib.request
+try:
+    with urllib.request.urlopen(os.environ["URL"], timeout=3) as r:
+        body = json.load(r)
+except Exception as exc:  # not up yet
+    print(f"admin API: {exc}")
+    sys.exit(1)
+targets = body.get("targets", body) if isinstance(body, dict) else body
+states = [str(t.get("state", "")).lower() for t in targets]
+print(f"targets: {len(states)}, serving: {states.count('serving')}")
+sys.exit(0 if len(states) >= int(os.environ["WANT"]) and set(states) == {"serving"} else 1)
+EOF
+}
+
+# Health of every service container, one "service status" line each.
+service_health() {
+    local svc id status
+    for svc in metaserver "${STORAGE_SERVICES[@]}"; do
+        id="$(compose ps -q "$svc" 2>/dev/null || true)"
+        if [[ -z "$id" ]]; then
+            status="missing"
+        else
+            status="$(docker inspect -f '{{.State.Status}}/{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")"
+        fi
+        echo "$svc $status"
+    done
+}
+
+wait_ready() {
+    local deadline=$((SECONDS + UP_TIMEOUT)) health summary want
+    want=$((${#STORAGE_SERVICES[@]} * EMBERFS_TARGETS))
+    while :; do
+        health="$(service_health)"
+        if ! grep -qv ' running/healthy$' <<<"$health"; then
+            if summary="$(targets_serving "$want")"; then
+                log "$summary"
+                return 0
+            fi
+        else
+            summary="$(tr '\n' ' ' <<<"$health")"
+        fi
+        if grep -qE ' (exited|dead)/' <<<"$health"; then
+            compose logs --tail 30 >&2 || true
+            die "a container stopped: $(tr '\n' ' ' <<<"$health")"
+        fi
+        if ((SECONDS >= deadline)); then
+            compose logs --tail 30 >&2 || true
+            die "cluster not ready after $UP_TIMEOUT s: $summary"
+        fi
+        sleep 1
+    done
+}
+
+cmd_up() {
+    load_settings
+    lock
+    if [[ -z "${EMBERFS_NET_PREFIX:-}" ]]; then
+        EMBERFS_NET_PREFIX="$(pick_net_prefix)"
+        export EMBERFS_NET_PREFIX
+    fi
+    save_settings
+    cmd_build
+    local t0=$SECONDS
+    log "starting project $PROJECT on ${EMBERFS_NET_PREFIX}.0/24"
+    if ! compose up -d --no-build --quiet-pull 2>&1 | sed 's/^/[compose] /' >&2; then
+        die "compose up failed"
+    fi
+    unlock
+    wait_ready
+    log "cluster ready in $((SECONDS - t0)) s"
+    cat <<EOF
+EmberFS cluster '$PROJECT' is up.
+  metaserver gRPC  127.0.0.1:$EMBERFS_META_PORT  (in the cluster network: ${EMBERFS_NET_PREFIX}.10:9400)
+  admin API        $(admin_url)/  (/docs, /api/v1/targets, /metrics)
+  storage servers  ${EMBERFS_NET_PREFIX}.11:9510  ${EMBERFS_NET_PREFIX}.12:9520  ${EMBERFS_NET_PREFIX}.13:9530
+Use it from this host:
+  export EMBERFS_META=127.0.0.1:$EMBERFS_META_PORT
+  emberfs put ./file /file && emberfs ls /
+Stop it and remove its data:  $0 down
+EOF
+}
+
+cmd_down() {
+    load_settings
+    export EMBERFS_NET_PREFIX="${EMBERFS_NET_PREFIX:-172.29.83}"
+    compose down -v --remove-orphans --timeout 10 2>&1 | sed 's/^/[compose] /' >&2
+    rm -f "$STATE_FILE"
+}
+
+cmd_status() {
+    load_settings
+    export EMBERFS_NET_PREFIX="${EMBERFS_NET_PREFIX:-172.29.83}"
+    compose ps
+    service_health
+    targets_serving $((${#STORAGE_SERVICES[@]} * EMBERFS_TARGETS)) || true
+}
+
+cmd_compose() {
+    load_settings
+    export EMBERFS_NET_PREFIX="${EMBERFS_NET_PREFIX:-172.29.83}"
+    compose "$@"
+}
+
+cmd_env() {
+    load_settings
+    echo "EMBERFS_COMPOSE_PROJECT=$PROJECT"
+    echo "EMBERFS_META=127.0.0.1:$EMBERFS_META_PORT"
+    echo "EMBERFS_ADMIN_URL=$(admin_url)"
+    cat "$STATE_FILE" 2>/dev/null || true
+}
+
+case "${1:-}" in
+    build) shift; cmd_build "$@" ;;
+    up) shift; cmd_up "$@" ;;
+    down) shift; cmd_down "$@" ;;
+    status) shift; cmd_status "$@" ;;
+    logs) shift; cmd_compose logs "$@" ;;
+    compose) shift; cmd_compose "$@" ;;
+    env) shift; cmd_env "$@" ;;
+    -h|--help|help) usage ;;
+    *) usage >&2; exit 2 ;;
+esac
