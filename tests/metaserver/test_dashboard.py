@@ -18,7 +18,6 @@ if not CHROMEDRIVER.exists():
     )
 
 from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 SHOT_DIR = Path(os.environ.get("EMBERFS_SCREENSHOTS", "/tmp"))
@@ -42,9 +41,29 @@ def browser():
         driver.quit()
 
 
+# The page re-renders every poll, so read it in one script call (an atomic snapshot)
+# instead of holding element references that go stale.
+SNAPSHOT = """
+const pill = (p) => ({target: Number(p.dataset.target), state: p.dataset.state,
+                      colour: getComputedStyle(p).backgroundColor});
+return {
+  health: document.getElementById('health').textContent,
+  nodes: document.getElementById('nodes').textContent,
+  errorHidden: document.getElementById('error').hidden,
+  chains: document.querySelectorAll('#chains tbody tr').length,
+  pills: Array.from(document.querySelectorAll('#chains tbody tr span.pill')).map(pill),
+  targets: Object.fromEntries(Array.from(document.querySelectorAll('#targets tbody tr'))
+                              .map(r => [r.dataset.target, r.dataset.state])),
+};
+"""
+
+
+def snapshot(driver) -> dict:
+    return driver.execute_script(SNAPSHOT)
+
+
 def target_states(driver) -> dict[int, str]:
-    rows = driver.find_elements(By.CSS_SELECTOR, "#targets tbody tr")
-    return {int(r.get_attribute("data-target")): r.get_attribute("data-state") for r in rows}
+    return {int(k): v for k, v in snapshot(driver)["targets"].items()}
 
 
 @pytest.mark.slow
@@ -53,14 +72,11 @@ def test_dashboard_shows_chains_and_a_killed_server(private_cluster, browser, tm
     c = private_cluster()
     browser.get(c.admin_url + "/")
     wait = WebDriverWait(browser, 20, poll_frequency=0.2)
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#chains tbody tr")) == 2)
-    assert browser.find_element(By.ID, "health").text == "healthy"
-    pills = browser.find_elements(By.CSS_SELECTOR, "#chains tbody tr span.pill")
-    assert len(pills) == 6 and {p.get_attribute("data-state") for p in pills} == {"serving"}
-    wait.until(lambda d: len(target_states(d)) == 6)
-    assert browser.find_element(By.ID, "nodes").text == "3"
-    colour = pills[0].value_of_css_property("background-color")
-    assert "31, 157, 85" in colour  # serving is green
+    page = wait.until(lambda d: (s := snapshot(d))["chains"] == 2 and len(s["targets"]) == 6 and s)
+    assert page["health"] == "healthy"
+    assert page["nodes"] == "3"
+    assert len(page["pills"]) == 6 and {p["state"] for p in page["pills"]} == {"serving"}
+    assert "31, 157, 85" in page["pills"][0]["colour"]  # serving is green
     browser.save_screenshot(str(SHOT_DIR / "emberfs-dashboard-healthy.png"))
 
     routing = c.routing()
@@ -68,10 +84,15 @@ def test_dashboard_shows_chains_and_a_killed_server(private_cluster, browser, tm
     killed = {t.target_id for t in routing.targets if t.data_address == victim}
     c.kill_storage(0)
     wait = WebDriverWait(browser, 30, poll_frequency=0.25)
-    wait.until(lambda d: all(target_states(d).get(t) == "offline" for t in killed))
-    wait.until(lambda d: d.find_element(By.ID, "health").text == "degraded")
-    offline = browser.find_elements(By.CSS_SELECTOR, '#chains span.pill[data-state="offline"]')
-    assert {int(p.get_attribute("data-target")) for p in offline} == killed
-    assert "210, 60, 60" in offline[0].value_of_css_property("background-color")  # red
-    assert browser.find_element(By.ID, "error").get_attribute("hidden") is not None
+    page = wait.until(
+        lambda d: (
+            (s := snapshot(d))["health"] == "degraded"
+            and all(s["targets"].get(str(t)) == "offline" for t in killed)
+            and s
+        )
+    )
+    offline = [p for p in page["pills"] if p["state"] == "offline"]
+    assert {p["target"] for p in offline} == killed
+    assert "210, 60, 60" in offline[0]["colour"]  # red
+    assert page["errorHidden"]
     browser.save_screenshot(str(SHOT_DIR / "emberfs-dashboard-degraded.png"))
