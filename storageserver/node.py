@@ -175,14 +175,17 @@ class Node:
         return self._view.state(target_id)
 
     def _reports(self) -> list[cluster_pb2.TargetReport]:
+        # Targets on one filesystem share its capacity: each reports its share, so the
+        # cluster's total counts every disk once.
+        devices = [os.stat(store.root).st_dev for store in self._local]
         out = []
-        for store, tid in zip(self._local, self._target_ids, strict=True):
+        for store, tid, dev in zip(self._local, self._target_ids, devices, strict=True):
             st = store.stats()
             read, written = self._data.io_counters(tid) if self._data and tid else (0, 0)
             out.append(
                 cluster_pb2.TargetReport(
                     target_id=tid,
-                    capacity=st["capacity"],
+                    capacity=st["capacity"] // devices.count(dev),
                     used=st["used"],
                     chunks=st["chunks"],
                     bytes_read=read,
