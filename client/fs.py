@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from emberfs.client import readahead as _readahead  # noqa: F401  (registers the cache)
+from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.datapath import ConnectionPool, DataClient
 from emberfs.client.file import EmberFile, OpenHandle, as_bytes, result_buffer, wait_all
 from emberfs.client.meta import MetaClient, RequestIds
@@ -71,12 +71,15 @@ class _Runtime:
             write_timeout=fs.write_timeout,
         )
         self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
+        # readahead block buffers, reused so a long read does not fault in fresh memory
+        self.blocks = BlockPool((fs.readahead_depth + 2) * fs.default_block_size)
 
     def close(self) -> None:
         if self.pid != os.getpid():
             self.meta.abandon()
             return
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.blocks.clear()
         self.pool.close()
         self.meta.close()
 
@@ -401,6 +404,13 @@ class EmberFileSystem(AbstractFileSystem):
         h = self._open_handle(path, flags)
         self._meta.close_file(h.inode, h.session_id, 0 if truncate else h.size, True, path)
 
+    def truncate(self, path, length: int) -> None:
+        """Set a file's length: cut chunks past it on every replica, or extend with zeros."""
+        if length < 0:
+            raise OSError(errno.EINVAL, "negative length", path)
+        self._meta.truncate(self._strip_protocol(path), int(length))
+        self.invalidate_cache(self._parent(self._strip_protocol(path)))
+
     # data path -----------------------------------------------------------------------
     def _submit_into(self, h: OpenHandle, start: int, view: memoryview) -> list[Future]:
         """Start parallel chunk reads filling ``view`` with the file bytes at ``start``."""
@@ -421,11 +431,15 @@ class EmberFileSystem(AbstractFileSystem):
         return futures
 
     def _submit_block(self, h: OpenHandle, start: int, end: int) -> Future:
-        """A future of a bytearray with the file bytes [start, end) (one task)."""
+        """A future of a bytearray with the file bytes [start, end) (one task).
+
+        The buffer comes from the runtime's :class:`BlockPool`;
+        :meth:`_release_block` gives it back.
+        """
         rt = self._runtime()
 
         def fetch() -> bytearray:
-            buf = bytearray(end - start)
+            buf = rt.blocks.get(end - start)
             view = memoryview(buf)
             for s in chunk_spans(start, end - start, h.chunk_size):
                 lo = s.file_offset - start
@@ -439,6 +453,12 @@ class EmberFileSystem(AbstractFileSystem):
             return buf
 
         return rt.executor.submit(fetch)
+
+    def _release_block(self, buf) -> None:
+        """Take back a block buffer of :meth:`_submit_block` that nobody uses any more."""
+        rt = self._rt
+        if rt is not None and rt.pid == os.getpid():
+            rt.blocks.put(buf)
 
     def _submit_write(self, h: OpenHandle, offset: int, data) -> Future:
         """Start a write of ``data`` at file ``offset`` (within one chunk)."""

@@ -779,10 +779,6 @@ class DataServer:
         for step in steps:
             key = (req.target_id, req.inode, step.index)
             with self._chunk_locks.get(key) as clock, clock:
-                if step.remove:
-                    store.remove(req.inode, step.index)
-                    self._set_floor(key, None)
-                    continue
                 meta = store.meta(req.inode, step.index)
                 version = rp.next_version(meta, self._floor(key))
                 store.stage_truncate(req.inode, step.index, version, step.length)

@@ -453,11 +453,16 @@ def check_truncate(
 
 @dataclass(frozen=True, slots=True)
 class TruncateStep:
-    """One chunk's part of a truncation: remove it, or cut it to ``length``."""
+    """One chunk's part of a truncation: cut it to ``length`` bytes at a new version.
+
+    Chunks wholly past the new end are cut to zero bytes rather than removed: their
+    version numbers then keep growing, so a replica that was away (and still holds an
+    old, longer version) is recognised as older and overwritten by the resync. The
+    zero-length chunks go when the file is removed (garbage collection).
+    """
 
     index: int
-    remove: bool
-    length: int = 0
+    length: int
 
 
 def plan_truncate(
@@ -472,11 +477,9 @@ def plan_truncate(
     for index, chunk_length in chunks:
         if index % stripe != position:
             continue
-        start = index * chunk_size
-        if start >= length:
-            steps.append(TruncateStep(index, True))
-        elif length - start < chunk_length:
-            steps.append(TruncateStep(index, False, length - start))
+        cut = max(0, length - index * chunk_size)
+        if cut < chunk_length:
+            steps.append(TruncateStep(index, cut))
     return steps
 
 

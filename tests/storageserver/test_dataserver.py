@@ -378,12 +378,16 @@ def test_truncate_runs_down_the_chain(cluster):
     for index in (0, 2, 3, 4, 6):
         write(cluster, os.urandom(CS if index < 6 else 1000), index=index)
     status, resp, _ = truncate(cluster, 2 * CS + 500)
-    assert status == Status.OK and resp.chunks == 3  # 2 cut, 4 and 6 removed; 3 is not ours
+    # 2 cut to 500 bytes, 4 and 6 cut to nothing (kept, so their versions keep growing);
+    # 3 is another chain's
+    assert status == Status.OK and resp.chunks == 3
     for t in (1, 2, 3):
         s = cluster.stores[t]
-        assert s.meta(7, 2).length == 500 and s.meta(7, 4) is None and s.meta(7, 6) is None
+        assert s.meta(7, 2).length == 500 and s.meta(7, 4).length == 0 and s.meta(7, 6).length == 0
+        assert s.meta(7, 4).version == 2 and s.meta(7, 6).version == 2
         assert s.meta(7, 3) is not None and s.meta(7, 0).length == CS
-    assert_replicas_equal(cluster, index=2)
+    for index in (2, 4, 6):
+        assert_replicas_equal(cluster, index=index)
     # a repeat (new request id) changes nothing
     status, resp, _ = truncate(cluster, 2 * CS + 500, client=("m", 2))
     assert status == Status.OK and resp.chunks == 0

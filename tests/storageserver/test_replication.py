@@ -277,14 +277,16 @@ def test_chain_change_while_write_in_flight():
 def test_plan_truncate():
     chunks = [(0, CS), (1, CS), (2, CS), (4, CS), (5, 100), (6, CS)]
     steps = rp.plan_truncate(chunks, 4 * CS + 10, CS, 2, 0)
-    assert steps == [rp.TruncateStep(4, False, 10), rp.TruncateStep(6, True)]
+    assert steps == [rp.TruncateStep(4, 10), rp.TruncateStep(6, 0)]
     steps = rp.plan_truncate(chunks, 4 * CS + 10, CS, 2, 1)
-    assert steps == [rp.TruncateStep(5, True)]
-    assert rp.plan_truncate(chunks, 0, CS, 1, 0) == [rp.TruncateStep(i, True) for i, _ in chunks]
+    assert steps == [rp.TruncateStep(5, 0)]
+    assert rp.plan_truncate(chunks, 0, CS, 1, 0) == [rp.TruncateStep(i, 0) for i, _ in chunks]
     # idempotent: a cut chunk is not cut again
     assert rp.plan_truncate([(4, 10)], 4 * CS + 10, CS, 2, 0) == []
-    # a length on a chunk boundary removes the chunk that starts there
-    assert rp.plan_truncate([(1, CS), (2, 5)], 2 * CS, CS, 1, 0) == [rp.TruncateStep(2, True)]
+    # a length on a chunk boundary cuts the chunk that starts there to nothing
+    assert rp.plan_truncate([(1, CS), (2, 5)], 2 * CS, CS, 1, 0) == [rp.TruncateStep(2, 0)]
+    # a chunk already cut to nothing is left alone (versions do not grow on repeats)
+    assert rp.plan_truncate([(2, 0)], 0, CS, 1, 0) == []
 
 
 def test_truncate_checks():
