@@ -13,9 +13,8 @@ write session with the exact length.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import sys
+import io
 from collections import deque
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
@@ -56,31 +55,57 @@ class OpenHandle:
         return cls(path, resp.attr, resp.session_id, list(resp.attr.layout.chains))
 
 
-_BYTES_DATA_OFFSET = sys.getsizeof(b"") - 1  # where a bytes object's data starts (CPython)
-_FILL_IN_PLACE = sys.implementation.name == "cpython"
-_FILL_IN_PLACE_MIN = 256 * 1024
+class ResultBuffer:
+    """``n`` zeroed bytes that chunk reads fill in place, returned as ``bytes`` without a copy.
 
+    The storage is an :class:`io.BytesIO` over a fresh zeroed ``bytes`` of
+    its own: :meth:`io.BytesIO.getbuffer` gives the writable view that
+    receivers ``recv_into`` and, once that view is released,
+    :meth:`io.BytesIO.getvalue` hands over the same object (CPython shares
+    it when no view is left; otherwise it copies, which is slower but equally
+    correct). The zeroed pages are mapped lazily, so they are faulted in by
+    the threads that receive into them rather than zeroed up front.
 
-def result_buffer(n: int) -> tuple[bytes | bytearray, memoryview]:
-    """A zeroed ``n``-byte result and a writable view of it.
-
-    Large results are a fresh ``bytes`` object filled in place before anyone
-    else sees it (CPython), so a read returns the received bytes without the
-    final copy a ``bytearray`` would need; :func:`as_bytes` finishes either kind.
+    Attributes
+    ----------
+    view : memoryview
+        Writable view of the ``n`` bytes; valid until :meth:`getvalue`.
     """
-    if _FILL_IN_PLACE and n >= _FILL_IN_PLACE_MIN:
-        out = bytes(n)
-        raw = (ctypes.c_char * n).from_address(id(out) + _BYTES_DATA_OFFSET)
-        return out, memoryview(raw).cast("B")
-    buf = bytearray(n)
-    return buf, memoryview(buf)
+
+    __slots__ = ("_bio", "view")
+
+    def __init__(self, n: int) -> None:
+        self._bio = io.BytesIO(bytes(n))
+        self.view = self._bio.getbuffer()
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def getvalue(self, n: int | None = None) -> bytes:
+        """The first ``n`` bytes (all by default); the buffer is spent afterwards.
+
+        Call it only when nothing writes into :attr:`view` any more.
+        """
+        view, self.view = self.view, None
+        if view is None:
+            raise ValueError("the result buffer was already taken")
+        size = view.nbytes
+        view.release()
+        if n is not None and n < size:
+            self._bio.truncate(n)
+        data, self._bio = self._bio.getvalue(), None
+        return data
 
 
-def as_bytes(buf: bytes | bytearray, n: int | None = None) -> bytes:
-    """``buf`` (its first ``n`` bytes) as ``bytes``, copying only when needed."""
-    if n is not None and n < len(buf):
-        return bytes(memoryview(buf)[:n])
-    return buf if isinstance(buf, bytes) else bytes(buf)
+def result_buffer(n: int) -> tuple[ResultBuffer, memoryview]:
+    """A :class:`ResultBuffer` of ``n`` bytes and its writable view."""
+    buf = ResultBuffer(n)
+    return buf, buf.view
+
+
+def as_bytes(buf: ResultBuffer, n: int | None = None) -> bytes:
+    """The ``bytes`` of a filled :class:`ResultBuffer` (its first ``n`` bytes)."""
+    return buf.getvalue(n)
 
 
 def wait_all(futures) -> None:
@@ -135,6 +160,7 @@ class EmberFile(AbstractBufferedFile):
             cache_options.setdefault("submit", self._submit_block)
             cache_options.setdefault("submit_into", self._submit_into)
             cache_options.setdefault("depth", fs.readahead_depth)
+            cache_options.setdefault("release", fs._release_block)
         super().__init__(
             fs,
             path,

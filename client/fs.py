@@ -23,10 +23,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.datapath import ConnectionPool, DataClient
 from emberfs.client.file import EmberFile, OpenHandle, as_bytes, result_buffer, wait_all
 from emberfs.client.meta import MetaClient, RequestIds
+from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.routing import RoutingCache
 from emberfs.common.layout import chunk_chain, chunk_spans
 from emberfs.proto import common_pb2, meta_pb2

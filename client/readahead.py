@@ -10,10 +10,16 @@
   pool; the window doubles with every sequential read up to ``depth`` blocks;
 * :meth:`ReadaheadCache.readinto` fetches the blocks not already in flight
   straight into the caller's buffer.
+
+Block buffers that were read come back to a :class:`BlockPool` through the
+cache's ``release`` callback, so a long sequential read keeps reusing a few
+buffers whose pages are already mapped instead of faulting in fresh memory
+for every block.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
@@ -23,6 +29,47 @@ from fsspec.caching import BaseCache, register_cache
 BlockSubmitter = Callable[[int, int], Future]
 # submit_into(start, view) -> futures that fill view with the bytes at start..
 IntoSubmitter = Callable[[int, memoryview], list[Future]]
+
+
+class BlockPool:
+    """Spare block buffers, reused by size, at most ``max_bytes`` of them kept.
+
+    Parameters
+    ----------
+    max_bytes : int
+        Total size of the buffers kept for reuse; beyond it released buffers
+        are left to the garbage collector.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(0, max_bytes)
+        self._free: dict[int, list[bytearray]] = {}
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    def get(self, n: int) -> bytearray:
+        """A bytearray of ``n`` bytes (old content: the caller overwrites all of it)."""
+        with self._lock:
+            free = self._free.get(n)
+            if free:
+                self._kept -= n
+                return free.pop()
+        return bytearray(n)
+
+    def put(self, buf) -> None:
+        """Give back a buffer nobody reads or writes any more."""
+        if not isinstance(buf, bytearray):
+            return
+        n = len(buf)
+        with self._lock:
+            if n and self._kept + n <= self.max_bytes:
+                self._free.setdefault(n, []).append(buf)
+                self._kept += n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._kept = 0
 
 
 class ReadaheadCache(BaseCache):
@@ -44,6 +91,9 @@ class ReadaheadCache(BaseCache):
         :meth:`readinto` for ranges not in flight.
     depth : int, default 8
         Most blocks fetched ahead of the reader.
+    release : callable or None
+        ``release(buffer)`` takes back the buffer of a block once the cache
+        is done with it (see :class:`BlockPool`).
     """
 
     name = "emberfs"
@@ -57,8 +107,10 @@ class ReadaheadCache(BaseCache):
         submit: BlockSubmitter | None = None,
         submit_into: IntoSubmitter | None = None,
         depth: int = 8,
+        release: Callable[[object], None] | None = None,
     ) -> None:
         super().__init__(max(1, blocksize), fetcher, size)
+        self.release = release
         self.submit = submit
         self.submit_into = submit_into
         self.depth = max(0, depth) if submit is not None else 0
@@ -95,9 +147,16 @@ class ReadaheadCache(BaseCache):
             if b not in self._blocks:
                 self._blocks[b] = self.submit(*self._block_range(b))
 
+    def _forget(self, fut: Future) -> None:
+        """Cancel a block's fetch, or hand its finished buffer to ``release``."""
+        if fut.cancel() or self.release is None or not fut.done():
+            return
+        if fut.exception() is None:
+            self.release(fut.result())
+
     def _trim(self, first: int) -> None:
         for b in [b for b in self._blocks if b < first]:
-            self._blocks.pop(b).cancel()
+            self._forget(self._blocks.pop(b))
 
     def _block(self, b: int):
         fut = self._blocks[b]
@@ -110,7 +169,7 @@ class ReadaheadCache(BaseCache):
     def drop(self) -> None:
         """Forget every block (cancelling those not started)."""
         for fut in self._blocks.values():
-            fut.cancel()
+            self._forget(fut)
         self._blocks.clear()
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ import os
 import select
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import crc32c
@@ -207,7 +208,7 @@ def send_file_frame(
             # A socket with a timeout is non-blocking underneath: wait until it drains.
             _, writable, _ = select.select([], [sock], [], timeout)
             if not writable:
-                raise socket.timeout("timed out sending file data") from None
+                raise TimeoutError("timed out sending file data") from None
             continue
         if n == 0:
             raise FrameError("file ended before the frame was sent")
@@ -229,9 +230,18 @@ class Frame:
     data: memoryview | None
 
 
-def recv_frame(sock: socket.socket, into: memoryview | None = None, *, check: bool = True) -> Frame:
+def recv_frame(
+    sock: socket.socket,
+    into: memoryview | None = None,
+    *,
+    check: bool = True,
+    alloc: Callable[[int], memoryview] | None = None,
+) -> Frame:
     """Receive one frame, its data ``recv_into`` ``into`` when given (else a new buffer).
 
+    ``alloc(n)``, when given and ``into`` is not, supplies the ``n``-byte data
+    buffer (a receiver that reuses one buffer per connection saves zeroing and
+    faulting in fresh memory for every frame).
     With ``check`` every block's CRC32C is verified (:class:`ChecksumError`).
     Raises FrameError on a malformed frame or a peer that stops mid-frame, and
     ``socket.timeout`` when the socket's timeout expires.
@@ -250,6 +260,8 @@ def recv_frame(sock: socket.socket, into: memoryview | None = None, *, check: bo
                     f"{header.data_len} data bytes do not fit the {len(into)}-byte buffer"
                 )
             data = into[: header.data_len]
+        elif alloc is not None:
+            data = alloc(header.data_len)
         else:
             data = memoryview(bytearray(header.data_len))
         recv_exact_into(sock, data)

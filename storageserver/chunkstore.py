@@ -529,6 +529,7 @@ class ChunkStore:
         *,
         chunk_size: int,
         full_chunk: bool = False,
+        crcs: list[int] | None = None,
     ) -> ChunkMeta:
         """Store ``version`` as the chunk's pending version.
 
@@ -551,6 +552,10 @@ class ChunkStore:
             The file's chunk size; ``offset + len(data)`` may not exceed it.
         full_chunk : bool, default False
             ``data`` replaces the whole content.
+        crcs : list of int or None
+            CRC32C of each ``block_size`` block of ``data``, already verified
+            by the caller; used (instead of computing them again) when
+            ``data`` becomes the whole content.
 
         Returns
         -------
@@ -575,11 +580,15 @@ class ChunkStore:
         if full_chunk and offset:
             raise ValueError("a full-chunk write starts at offset 0")
         bs = self.block_size
+        given_crcs = crcs
 
         def build(base: _Record | None):
             old_len = base.c_len if base and base.c_version else 0
             if full_chunk or (offset == 0 and n >= old_len):
-                return view, framing.block_crcs(view, bs), crc32c.crc32c(view)
+                block_crcs = given_crcs
+                if block_crcs is None or len(block_crcs) != framing.n_blocks(n, bs):
+                    block_crcs = framing.block_crcs(view, bs)
+                return view, list(block_crcs), crc32c.crc32c(view)
             content = self._patched_content(inode, index, base, offset, view)
             new_len = len(content)
             mv = memoryview(content)

