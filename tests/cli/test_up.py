@@ -74,7 +74,9 @@ def _stop(proc) -> int:
 
 
 def _children_roles(pid: int) -> list[str]:
-    out = subprocess.run(["ps", "-ww", "-o", "args=", "--ppid", str(pid)], capture_output=True, text=True)
+    out = subprocess.run(
+        ["ps", "-ww", "-o", "args=", "--ppid", str(pid)], capture_output=True, text=True
+    )
     roles = []
     for line in out.stdout.splitlines():
         words = line.split()
