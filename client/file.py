@@ -8,13 +8,17 @@ into one buffer. ``block_size=0`` streams: no cache, every read goes through.
 Writing sends whole chunks to their chain heads as soon as they are complete,
 several in flight on the filesystem's thread pool (memory stays bounded by
 ``write_depth`` chunks); ``close`` waits for all of them and then ends the
-write session with the exact length.
+write session with the exact length. While a file is open for writing,
+:class:`SessionLeases` renews its session's lease; a session the metaserver
+ended (its lease ran out) makes the next write or close fail with ESTALE.
 """
 
 from __future__ import annotations
 
 import errno
 import io
+import logging
+import threading
 from collections import deque
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
@@ -28,6 +32,8 @@ from emberfs.proto import common_pb2
 DIRECT_READ_THRESHOLD = 1024 * 1024
 STREAM_READ_UNIT = 1024 * 1024
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class OpenHandle:
@@ -37,6 +43,7 @@ class OpenHandle:
     attr: common_pb2.InodeAttr
     session_id: int = 0
     chains: list[int] = field(default_factory=list)
+    expired: bool = False  # the metaserver ended the write session (lease ran out)
 
     @property
     def inode(self) -> int:
@@ -53,6 +60,88 @@ class OpenHandle:
     @classmethod
     def from_open(cls, path: str, resp) -> OpenHandle:
         return cls(path, resp.attr, resp.session_id, list(resp.attr.layout.chains))
+
+
+def stale_session(path: str) -> OSError:
+    """The error of a write to a file whose write session the metaserver ended."""
+    return OSError(
+        errno.ESTALE,
+        f"the write session of {path} expired (its lease was not renewed in time); "
+        "the file keeps the length of its last flush or close",
+        path,
+    )
+
+
+class SessionLeases:
+    """Renews the write sessions of a process's open files, all in one call.
+
+    A daemon thread, started with the first :meth:`register`, calls
+    ``renew(sessions)`` every ``interval`` seconds with the ``(inode,
+    session_id)`` pairs of the registered handles; ``renew`` returns the
+    pairs the metaserver no longer has, and those handles are marked
+    ``expired``. A failed renewal is logged and retried at the next interval.
+
+    Parameters
+    ----------
+    renew : callable
+        ``renew(list of (inode, session_id)) -> set of expired pairs``
+        (:meth:`emberfs.client.meta.MetaClient.renew_sessions`).
+    interval : float
+        Seconds between renewals; keep it well below the metaserver's
+        session timeout.
+    """
+
+    def __init__(self, renew, interval: float) -> None:
+        if not interval > 0:
+            raise ValueError(f"session renew interval {interval} is not positive")
+        self._renew = renew
+        self.interval = interval
+        self._handles: dict[int, OpenHandle] = {}  # id(handle) -> handle
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self, handle: OpenHandle) -> None:
+        """Keep renewing ``handle``'s write session until :meth:`unregister`."""
+        with self._lock:
+            self._handles[id(handle)] = handle
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="emberfs-leases", daemon=True
+                )
+                self._thread.start()
+
+    def unregister(self, handle: OpenHandle) -> None:
+        """Stop renewing ``handle``'s session (it was closed)."""
+        with self._lock:
+            self._handles.pop(id(handle), None)
+
+    def renew_now(self) -> None:
+        """Renew every registered session once, marking the expired handles."""
+        with self._lock:
+            handles = list(self._handles.values())
+        if not handles:
+            return
+        gone = self._renew([(h.inode, h.session_id) for h in handles])
+        for h in handles:
+            if (h.inode, h.session_id) in gone:
+                if not h.expired:
+                    log.warning("write session of %s expired", h.path)
+                h.expired = True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.renew_now()
+            except Exception as exc:
+                log.warning("renewing write sessions failed: %s", exc)
+
+    def stop(self) -> None:
+        """Stop the renewal thread (sessions still registered then lapse)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
 
 
 class ResultBuffer:
@@ -179,6 +268,8 @@ class EmberFile(AbstractBufferedFile):
             self._pending_at = self._start  # file offset of _pending[0]
             self._inflight: deque[tuple[int, Future]] = deque()
             self._failed: BaseException | None = None
+            if handle.session_id:
+                fs._leases().register(handle)
 
     @property
     def details(self):
@@ -276,6 +367,8 @@ class EmberFile(AbstractBufferedFile):
         """Queue a write of ``data`` at file ``offset`` (within one chunk)."""
         if self._failed is not None:
             raise self._failed
+        if self.handle.expired:
+            raise stale_session(self.path)
         cs = self.handle.chunk_size
         index = offset // cs
         # writes to one chunk stay ordered; the number in flight stays bounded
@@ -364,16 +457,31 @@ class EmberFile(AbstractBufferedFile):
             self.closed = True
         h = self.handle
         try:
+            if h.expired:
+                raise stale_session(self.path)
             attr = self.fs._meta.close_file(
                 h.inode, h.session_id, self._pending_at, wrote=error is None, path=self.path
             )
             self.handle.attr = attr
         except BaseException as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and self._session_gone():
+                exc = stale_session(self.path)
             error = error or exc
+        finally:
+            if h.session_id:
+                self.fs._leases().unregister(h)
         if error is not None:
             if isinstance(error, OSError):
                 raise error
             raise OSError(errno.EIO, f"writing {self.path} failed: {error}") from error
+
+    def _session_gone(self) -> bool:
+        """True when the metaserver no longer has this file's write session."""
+        h = self.handle
+        try:
+            return bool(self.fs._meta.renew_sessions([(h.inode, h.session_id)]))
+        except OSError:
+            return False
 
     def discard(self) -> None:
         """Writes already sent cannot be taken back; the session ends on close."""

@@ -24,7 +24,14 @@ from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
 from emberfs.client.datapath import ConnectionPool, DataClient
-from emberfs.client.file import EmberFile, OpenHandle, as_bytes, result_buffer, wait_all
+from emberfs.client.file import (
+    EmberFile,
+    OpenHandle,
+    SessionLeases,
+    as_bytes,
+    result_buffer,
+    wait_all,
+)
 from emberfs.client.meta import MetaClient, RequestIds
 from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.routing import RoutingCache
@@ -73,11 +80,14 @@ class _Runtime:
         self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
         # readahead block buffers, reused so a long read does not fault in fresh memory
         self.blocks = BlockPool((fs.readahead_depth + 2) * fs.default_block_size)
+        # write-session lease renewal; its thread starts with the first open for write
+        self.leases = SessionLeases(self.meta.renew_sessions, fs.session_renew_interval)
 
     def close(self) -> None:
         if self.pid != os.getpid():
             self.meta.abandon()
             return
+        self.leases.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.blocks.clear()
         self.pool.close()
@@ -115,6 +125,10 @@ class EmberFileSystem(AbstractFileSystem):
         Create missing parent directories when a file is written.
     list_page : int, default 2000
         Entries per ``List`` call.
+    session_renew_interval : float, default 60.0
+        Seconds between lease renewals of the write sessions of open files
+        (one ``RenewSessions`` call per process for all of them). Keep it
+        well below the metaserver's ``--session-timeout`` (default 300 s).
     """
 
     protocol = _PROTOCOLS
@@ -134,6 +148,7 @@ class EmberFileSystem(AbstractFileSystem):
     write_timeout = 60.0
     auto_mkdir = True
     list_page = 2000
+    session_renew_interval = 60.0
 
     _OPTIONS = (
         "readahead_depth",
@@ -149,6 +164,7 @@ class EmberFileSystem(AbstractFileSystem):
         "write_timeout",
         "auto_mkdir",
         "list_page",
+        "session_renew_interval",
     )
 
     def __init__(self, meta: str | None = None, **kwargs) -> None:
@@ -183,6 +199,9 @@ class EmberFileSystem(AbstractFileSystem):
     @property
     def _meta(self) -> MetaClient:
         return self._runtime().meta
+
+    def _leases(self) -> SessionLeases:
+        return self._runtime().leases
 
     def close(self) -> None:
         """Release connections and threads (the instance stays usable)."""

@@ -246,6 +246,18 @@ class MetaClient:
         )
         return self.meta("Sync", req, path).attr
 
+    def renew_sessions(self, sessions: list[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Renew the leases of ``(inode, session_id)`` write sessions in one call.
+
+        Returns the sessions the metaserver no longer has (expired or closed).
+        """
+        req = meta_pb2.RenewSessionsRequest(
+            ctx=self.context(),
+            sessions=[meta_pb2.SessionRef(inode=i, session_id=s) for i, s in sessions],
+        )
+        resp = self.meta("RenewSessions", req)
+        return {(ref.inode, ref.session_id) for ref in resp.expired}
+
     def list(self, path: str, page: int = 2000) -> Iterator[meta_pb2.DirEntry]:
         """Every entry of directory ``path``, page by page, with attributes."""
         start_after = ""

@@ -3,7 +3,8 @@
 One RocksDB under ``DATA_DIR/meta`` holds the namespace and the cluster
 state. One gRPC server on ``--listen`` serves ``MetaService`` and
 ``ClusterService``; the admin REST API runs on ``--admin-listen`` (uvicorn in
-a thread); a background thread applies heartbeat timeouts. Once both servers
+a thread); a background thread applies heartbeat timeouts and ends write
+sessions whose lease ran out (``--session-timeout``). Once both servers
 listen, the process prints ``READY metaserver <grpc address> admin <http
 address>`` on stdout; SIGTERM or SIGINT stops it cleanly.
 """
@@ -37,6 +38,7 @@ log = logging.getLogger("emberfs.metaserver")
 
 GRPC_WORKERS = 32
 GC_SWEEP_INTERVAL = 10.0
+SESSION_SWEEP_INTERVAL = 5.0  # at most; shorter for short session timeouts
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -74,12 +76,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="bearer token of the admin API's steering routes (default: $EMBERFS_ADMIN_TOKEN; "
         "with neither, steering is refused)",
     )
+    p.add_argument(
+        "--session-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a write session lives without a lease renewal (default 300)",
+    )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
     if not args.heartbeat_timeout > 0:
         p.error("--heartbeat-timeout must be positive")
+    if not args.session_timeout > 0:
+        p.error("--session-timeout must be positive")
     try:
         layout_rules.validate_chunk_size(args.chunk_size)
     except ValueError as exc:
@@ -116,11 +126,19 @@ def build_namespace(
         truncate_chunks=partial(truncate_chunks, cluster),
         usage=cluster.usage,
         default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
+        session_timeout=args.session_timeout,
     )
 
 
-def _timeout_loop(cluster: ClusterManager, stop: threading.Event, interval: float) -> None:
+def _timeout_loop(
+    cluster: ClusterManager,
+    namespace: Namespace,
+    stop: threading.Event,
+    interval: float,
+    session_interval: float,
+) -> None:
     since_sweep = 0.0
+    since_sessions = 0.0
     while not stop.wait(interval):
         try:
             cluster.check_timeouts()
@@ -130,6 +148,13 @@ def _timeout_loop(cluster: ClusterManager, stop: threading.Event, interval: floa
                 cluster.collect_gc()
         except Exception:
             log.exception("cluster timeout check failed")
+        since_sessions += interval
+        if since_sessions >= session_interval:
+            since_sessions = 0.0
+            try:
+                namespace.expire_sessions()
+            except Exception:
+                log.exception("write session expiry failed")
 
 
 def _start_admin(app, address: str):
@@ -204,8 +229,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
 
         interval = min(0.5, args.heartbeat_timeout / 4)
+        session_interval = min(SESSION_SWEEP_INTERVAL, args.session_timeout / 4)
         checker = threading.Thread(
-            target=_timeout_loop, args=(cluster, stop, interval), name="timeouts", daemon=True
+            target=_timeout_loop,
+            args=(cluster, namespace, stop, interval, session_interval),
+            name="timeouts",
+            daemon=True,
         )
         checker.start()
         admin_host, admin_port = sock.getsockname()[:2]

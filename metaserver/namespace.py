@@ -23,6 +23,7 @@ scan of the inodes at start-up, then adjusted after each commit.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +55,9 @@ from emberfs.proto import common_pb2, meta_pb2
 
 ROOT_MODE = 0o777
 PRUNE_INTERVAL_NS = 60 * 10**9
+DEFAULT_SESSION_TIMEOUT = 300.0
+
+log = logging.getLogger(__name__)
 
 Op = Callable[[OpContext, Any], Message]
 
@@ -80,6 +84,9 @@ class Namespace:
         stripe 4, all chains).
     clock : callable, optional
         Wall-clock time in nanoseconds (default ``time.time_ns``).
+    session_timeout : float, optional
+        Seconds a write session lives without a renewal before
+        :meth:`Namespace.expire_sessions` ends it (default 300).
 
     Every method takes a MetaService request message and returns its
     response message, raising :class:`emberfs.common.errors.EmberError`
@@ -95,7 +102,10 @@ class Namespace:
         usage: Callable[[], tuple[int, int]] = lambda: (0, 0),
         default_layout: common_pb2.Layout | None = None,
         clock: Callable[[], int] = time.time_ns,
+        session_timeout: float = DEFAULT_SESSION_TIMEOUT,
     ):
+        if not session_timeout > 0:
+            raise ValueError(f"session timeout {session_timeout} is not positive")
         if default_layout is None:
             default_layout = common_pb2.Layout(
                 chunk_size=layouts.DEFAULT_CHUNK_SIZE, stripe=layouts.DEFAULT_STRIPE
@@ -106,6 +116,7 @@ class Namespace:
         self.engine = engine
         self._clock = clock
         self._usage = usage
+        self.session_timeout_ns = int(session_timeout * 1e9)
         self._env = NamespaceEnv(
             clock=clock,
             chain_table=chain_table,
@@ -174,13 +185,18 @@ class Namespace:
             response = run_transaction(self.engine, attempt)
         except Conflict:
             raise Unavailable("the namespace is too busy; retry") from None
-        if last and last[0].delta:
-            with self._counts_lock:
-                for file_type, n in last[0].delta.items():
-                    self._by_type[file_type] = self._by_type.get(file_type, 0) + n
+        if last:
+            self._count(last[0])
         if method is not None:
             self._maybe_prune()
         return response
+
+    def _count(self, op: OpContext) -> None:
+        """Apply the inode count changes of a committed operation."""
+        if op.delta:
+            with self._counts_lock:
+                for file_type, n in op.delta.items():
+                    self._by_type[file_type] = self._by_type.get(file_type, 0) + n
 
     def _maybe_prune(self) -> None:
         now = self._clock()
@@ -240,6 +256,59 @@ class Namespace:
         """End a write session."""
         return self._run(sessions.close, req, "Close")
 
+    def renew_sessions(self, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSessionsResponse:
+        """Renew write-session leases; the response lists sessions that are gone.
+
+        Not deduplicated: renewing twice is harmless.
+        """
+        return self._run(sessions.renew, req, None)
+
+    def expire_sessions(self, now: int | None = None) -> list[schema.Session]:
+        """End the write sessions not renewed within the session timeout.
+
+        Each session ends in a transaction of its own, like a Close without a
+        length (:func:`emberfs.metaserver.ops.sessions.expire`). ``now`` is in
+        nanoseconds (default: the namespace clock). Returns the ended sessions.
+        """
+        if now is None:
+            now = self._clock()
+        deadline = now - self.session_timeout_ns
+        ended = []
+        for candidate in sessions.lapsed(self.engine, deadline):
+            session = self._expire_one(candidate, deadline)
+            if session is None:
+                continue
+            ended.append(session)
+            log.warning(
+                "write session %d of inode %d (client %r) expired: not renewed for %.1f s",
+                session.session_id,
+                session.inode,
+                session.client_id,
+                (now - session.renewed_ns) / 1e9,
+            )
+        return ended
+
+    def _expire_one(self, candidate: schema.Session, deadline: int) -> schema.Session | None:
+        last: list[OpContext] = []
+
+        def attempt(txn: Transaction) -> schema.Session | None:
+            op = OpContext(txn, Credentials(0, 0, frozenset()), self._env, self._clock())
+            last[:] = [op]
+            return sessions.expire(op, candidate.inode, candidate.session_id, deadline)
+
+        try:
+            session = run_transaction(self.engine, attempt)
+        except Conflict:
+            log.warning(
+                "session %d of inode %d: expiry conflicted; retrying later",
+                candidate.session_id,
+                candidate.inode,
+            )
+            return None
+        if session is not None and last:
+            self._count(last[0])
+        return session
+
     def remove(self, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveResponse:
         """Remove a file, symlink, directory or (``recursive``) tree."""
         return self._run(remove.remove, req, "Remove")
@@ -287,13 +356,17 @@ class Namespace:
         }
 
     def sessions(self) -> list[dict[str, Any]]:
-        """Open write sessions: ``inode``, ``session_id``, ``client_id``, ``since`` (ns)."""
+        """Open write sessions: ``inode``, ``session_id``, ``client_id``, and in
+        nanoseconds ``since`` (opened), ``renewed`` (last lease renewal) and
+        ``expires`` (when an unrenewed session is ended)."""
         return [
             {
                 "inode": s.inode,
                 "session_id": s.session_id,
                 "client_id": s.client_id,
                 "since": s.since_ns,
+                "renewed": s.renewed_ns,
+                "expires": s.renewed_ns + self.session_timeout_ns,
             }
             for s in (
                 schema.decode_session(key, raw)

@@ -10,8 +10,8 @@ Keys come from :mod:`emberfs.metaserver.keys`; this module fixes the values:
   (see below). Names are never empty and never start with NUL, so this key
   sorts before every entry of the directory and listings skip it by starting
   after ``prefix + b"\\x00"``.
-- ``SESS`` + inode id + session id: :data:`SESSION_FORMAT` (opened-at time)
-  followed by the UTF-8 client id.
+- ``SESS`` + inode id + session id: :data:`SESSION_FORMAT` (opened-at time,
+  last-renewed time) followed by the UTF-8 client id.
 - ``SESS`` + inode id alone: the file's *session guard*.
 - ``IDEM`` + client id + request id: :data:`IDEMPOTENT_FORMAT` (stored-at
   time, method name length) + method name + serialized response.
@@ -37,7 +37,7 @@ from emberfs.metaserver import keys
 from emberfs.proto import common_pb2
 
 DENTRY_FORMAT = struct.Struct("<QB")
-SESSION_FORMAT = struct.Struct("<q")
+SESSION_FORMAT = struct.Struct("<qq")
 IDEMPOTENT_FORMAT = struct.Struct("<qB")
 _U64_LE = struct.Struct("<Q")
 
@@ -77,26 +77,32 @@ def decode_dentry(raw: bytes) -> Dentry:
 
 @dataclass(frozen=True)
 class Session:
-    """An open write session of a file."""
+    """An open write session of a file: opened at ``since_ns``, lease renewed at ``renewed_ns``."""
 
     inode: int
     session_id: int
     client_id: str
     since_ns: int
+    renewed_ns: int
 
 
-def encode_session(client_id: str, since_ns: int) -> bytes:
-    """The stored form of a write session (the key holds inode and session ids)."""
-    return SESSION_FORMAT.pack(since_ns) + client_id.encode("utf-8", "surrogateescape")
+def encode_session(client_id: str, since_ns: int, renewed_ns: int | None = None) -> bytes:
+    """The stored form of a write session (the key holds inode and session ids).
+
+    ``renewed_ns`` defaults to ``since_ns``: opening a session starts its lease.
+    """
+    if renewed_ns is None:
+        renewed_ns = since_ns
+    return SESSION_FORMAT.pack(since_ns, renewed_ns) + client_id.encode("utf-8", "surrogateescape")
 
 
 def decode_session(key: bytes, raw: bytes) -> Session:
     """A write session from its key and stored value."""
     prefix = len(keys.SESSION)
     inode, session_id = struct.unpack(">QQ", key[prefix : prefix + 16])
-    (since_ns,) = SESSION_FORMAT.unpack_from(raw)
+    since_ns, renewed_ns = SESSION_FORMAT.unpack_from(raw)
     client_id = raw[SESSION_FORMAT.size :].decode("utf-8", "surrogateescape")
-    return Session(inode, session_id, client_id, since_ns)
+    return Session(inode, session_id, client_id, since_ns, renewed_ns)
 
 
 def is_session_record(key: bytes) -> bool:

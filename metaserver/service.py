@@ -93,6 +93,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def SetLayout(self, request, context):
         return self._call(self.namespace.set_layout, request, context)
 
+    def RenewSessions(self, request, context):
+        return self._call(self.namespace.renew_sessions, request, context)
+
     def Ping(self, request, context):
         return meta_pb2.PingResponse()
 

@@ -163,6 +163,28 @@ class CloseResponse(_message.Message):
     attr: _common_pb2.InodeAttr
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
+class SessionRef(_message.Message):
+    __slots__ = ("inode", "session_id")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    inode: int
+    session_id: int
+    def __init__(self, inode: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+
+class RenewSessionsRequest(_message.Message):
+    __slots__ = ("ctx", "sessions")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionRef]
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionRef, _Mapping]]] = ...) -> None: ...
+
+class RenewSessionsResponse(_message.Message):
+    __slots__ = ("expired",)
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    expired: _containers.RepeatedCompositeFieldContainer[SessionRef]
+    def __init__(self, expired: _Optional[_Iterable[_Union[SessionRef, _Mapping]]] = ...) -> None: ...
+
 class DirEntry(_message.Message):
     __slots__ = ("name", "attr")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -124,6 +124,11 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.PingRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.PingResponse.FromString,
                 _registered_method=True)
+        self.RenewSessions = channel.unary_unary(
+                '/emberfs.MetaService/RenewSessions',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -237,6 +242,12 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewSessions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -329,6 +340,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.PingRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.PingResponse.SerializeToString,
+            ),
+            'RenewSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewSessions,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -817,6 +833,33 @@ class MetaService:
             '/emberfs.MetaService/Ping',
             emberfs_dot_proto_dot_meta__pb2.PingRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.PingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/RenewSessions',
+            emberfs_dot_proto_dot_meta__pb2.RenewSessionsRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.RenewSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -147,6 +147,10 @@ class SessionPublic(BaseModel):
     session_id: int
     client_id: str
     since: int = Field(description="opening time, nanoseconds since the epoch")
+    renewed: int = Field(description="last lease renewal, nanoseconds since the epoch")
+    expires: int = Field(
+        description="when the session ends unless renewed, nanoseconds since the epoch"
+    )
 
 
 class GCItemPublic(BaseModel):

@@ -6,11 +6,20 @@ to storage directly and reports the file's exact length with Sync (session
 stays) or Close (session ends). While any session is open an unlinked file
 keeps its inode; the Close that ends the last session of an unlinked file
 queues its chunks for garbage collection and drops the inode.
+
+Sessions are leases: the client renews the sessions of its open files with
+RenewSessions, and a session not renewed for the metaserver's session
+timeout is ended by :func:`expire` like a Close without a length. The file
+keeps the length of its last Sync or Close: data a writer put on storage
+after that is not counted, as a writer that dies before fsync or close
+loses its unsynced length.
 """
 
 from __future__ import annotations
 
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
+from emberfs.metaserver import keys, schema
+from emberfs.metaserver.kv import KVEngine
 from emberfs.metaserver.ops import access, create, lookup, remove
 from emberfs.metaserver.ops.context import OpContext
 from emberfs.proto import common_pb2, meta_pb2
@@ -24,6 +33,7 @@ ALL_FLAGS = (
 )
 WRITE_FLAGS = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_APPEND | meta_pb2.OPEN_TRUNCATE
 MAX_LENGTH = (1 << 63) - 1
+MAX_RENEW = 65536  # sessions in one RenewSessions call
 
 
 def is_write_open(flags: int) -> bool:
@@ -115,3 +125,64 @@ def close(op: OpContext, req: meta_pb2.CloseRequest) -> meta_pb2.CloseResponse:
     elif req.wrote:
         op.put_inode(attr)
     return meta_pb2.CloseResponse(attr=attr)
+
+
+def renew(op: OpContext, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSessionsResponse:
+    """Renew the leases of write sessions; report those that no longer exist.
+
+    Touches only the session records themselves (not the session guards),
+    so renewing never conflicts with opens, creates or other renewals.
+    """
+    if len(req.sessions) > MAX_RENEW:
+        raise InvalidArgument(f"more than {MAX_RENEW} sessions in one renewal")
+    expired = []
+    seen: set[tuple[int, int]] = set()
+    for ref in req.sessions:
+        ident = (ref.inode, ref.session_id)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        key = keys.session_key(ref.inode, ref.session_id)
+        raw = op.txn.get(key)
+        if raw is None:
+            expired.append(meta_pb2.SessionRef(inode=ref.inode, session_id=ref.session_id))
+            continue
+        session = schema.decode_session(key, raw)
+        op.txn.put(key, schema.encode_session(session.client_id, session.since_ns, op.now))
+    return meta_pb2.RenewSessionsResponse(expired=expired)
+
+
+def lapsed(engine: KVEngine, deadline_ns: int) -> list[schema.Session]:
+    """The sessions last renewed at or before ``deadline_ns`` (a snapshot scan)."""
+    return [
+        session
+        for session in (
+            schema.decode_session(key, raw)
+            for key, raw in engine.scan_prefix(keys.SESSION)
+            if schema.is_session_record(key)
+        )
+        if session.renewed_ns <= deadline_ns
+    ]
+
+
+def expire(op: OpContext, inode: int, session_id: int, deadline_ns: int) -> schema.Session | None:
+    """End one session if its lease ran out: a Close without a length.
+
+    Returns the ended session, or None when it was closed or renewed after
+    ``deadline_ns`` in the meantime. The file keeps its recorded length; the
+    last session of an unlinked file queues its chunks for garbage
+    collection and drops the inode, as :func:`close` does.
+    """
+    key = keys.session_key(inode, session_id)
+    raw = op.txn.get(key)
+    if raw is None:
+        return None
+    session = schema.decode_session(key, raw)
+    if session.renewed_ns > deadline_ns:
+        return None
+    attr = op.get_inode(inode)
+    if attr is None:
+        op.end_session(inode, session_id)
+        return session
+    close(op, meta_pb2.CloseRequest(inode=inode, session_id=session_id, wrote=False))
+    return session

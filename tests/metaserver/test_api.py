@@ -112,9 +112,9 @@ def test_sessions_gc_layouts_and_metrics(cluster, fs):
         f.write(b"x" * 100)
         f.flush()
         sessions = api(cluster, "/api/v1/sessions").json()
-        assert sessions and all(
-            set(s) == {"inode", "session_id", "client_id", "since"} for s in sessions
-        )
+        fields = {"inode", "session_id", "client_id", "since", "renewed", "expires"}
+        assert sessions and all(set(s) == fields for s in sessions)
+        assert all(s["since"] <= s["renewed"] < s["expires"] for s in sessions)
     finally:
         f.close()
     fs.pipe(f"{base}/gone", os.urandom(1000))

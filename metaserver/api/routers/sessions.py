@@ -12,5 +12,5 @@ router = APIRouter(prefix="/api/v1", tags=["sessions"], responses=ERROR_RESPONSE
 
 @router.get("/sessions", response_model=list[SessionPublic])
 def list_sessions(namespace: NamespaceDep) -> list[SessionPublic]:
-    """Files open for writing: inode, session id, client and opening time."""
+    """Files open for writing: inode, session id, client, opening time and lease expiry."""
     return [SessionPublic(**s) for s in namespace.sessions()]
