@@ -23,18 +23,12 @@ from contextlib import contextmanager
 from emberfs.client.meta import RequestIds, TransientError, retry
 from emberfs.client.routing import Chain, RoutingCache, RoutingInfo, Target
 from emberfs.common import framing
+from emberfs.common.addresses import split_address
 from emberfs.common.framing import Op, Status
 from emberfs.proto import data_pb2
 
 _READ_RESPONSE = Op.READ | framing.RESPONSE
 _WRITE_RESPONSE = Op.WRITE | framing.RESPONSE
-
-
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"bad storage address {address!r}")
-    return host.strip("[]"), int(port)
 
 
 class ConnectionPool:
@@ -69,7 +63,7 @@ class ConnectionPool:
         self._closed = False
 
     def _connect(self, address: str) -> socket.socket:
-        sock = socket.create_connection(_split_address(address), timeout=self.connect_timeout)
+        sock = socket.create_connection(split_address(address), timeout=self.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.io_timeout)
         return sock

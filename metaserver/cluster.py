@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emberfs.common import errors
+from emberfs.common.addresses import split_address
 from emberfs.metaserver import chainstate, keys
 from emberfs.metaserver.chainstate import OFFLINE, SERVING, Chain
 from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
@@ -91,8 +92,11 @@ class _Changes:
 
 def validate_address(address: str, what: str) -> None:
     """Raise InvalidArgument unless ``address`` is ``host:port`` with a valid port."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        _, port = split_address(address)
+    except ValueError:
+        port = 0
+    if not port:
         raise errors.InvalidArgument(f"{what} {address!r} is not host:port")
     if len(address) > 300 or any(c.isspace() for c in address):
         raise errors.InvalidArgument(f"{what} {address!r} is not host:port")

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from emberfs.common import layout as layout_rules
+from emberfs.common.addresses import join_address, split_address
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver import service as meta_service
 from emberfs.metaserver.cluster import ClusterManager
@@ -102,18 +103,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         except ValueError as exc:
             p.error(f"--{opt.replace('_', '-')}: {exc}")
     return args
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (or ``"[v6]:port"``) to ``(host, port)``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def join_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def build_namespace(

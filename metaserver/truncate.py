@@ -15,6 +15,7 @@ import socket
 import time
 
 from emberfs.common import errors, framing
+from emberfs.common.addresses import split_address
 from emberfs.common.framing import Op, Status
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.proto import common_pb2, data_pb2
@@ -42,9 +43,8 @@ def _head_address(routing: common_pb2.RoutingInfo, chain_id: int) -> tuple[int, 
 
 
 def _send(address: str, request: data_pb2.ChunkTruncateRequest, timeout: float) -> int:
-    host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        with socket.create_connection(split_address(address), timeout=timeout) as sock:
             framing.send_frame(sock, Op.TRUNCATE, request.SerializeToString())
             frame = framing.recv_frame(sock)
     except (OSError, framing.FrameError) as exc:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from emberfs.common import framing
+from emberfs.common.addresses import split_address
 from emberfs.common.framing import Op, Status
 from emberfs.proto import data_pb2
 from emberfs.storageserver import metrics
@@ -34,23 +35,6 @@ from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore, VersionConflict
 
 log = logging.getLogger(__name__)
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` too) into (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"invalid address {address!r}: expected HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    p = int(port)
-    if not 0 <= p <= 65535:
-        raise ValueError(f"invalid port in {address!r}")
-    return host, p
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class ConnectionPool:
@@ -79,7 +63,7 @@ class ConnectionPool:
             idle = self._idle.get(address)
             if idle:
                 return idle.pop(), True
-        host, port = parse_address(address)
+        host, port = split_address(address)
         sock = socket.create_connection((host, port), timeout=self.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.io_timeout)

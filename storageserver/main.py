@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from emberfs.storageserver.dataserver import parse_address
+from emberfs.common.addresses import split_address
 from emberfs.storageserver.metrics import start_metrics_server
 from emberfs.storageserver.node import MAX_TARGETS, Node
 
@@ -54,7 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if value is None or (opt == "metrics_listen" and value == "off"):
             continue
         try:
-            parse_address(value)
+            split_address(value)
         except ValueError as exc:
             p.error(f"--{opt.replace('_', '-')}: {exc}")
     if not 1 <= args.targets <= MAX_TARGETS:
@@ -110,10 +110,10 @@ def _start_metrics(args: argparse.Namespace, node: Node):
     if args.metrics_listen == "off":
         return None
     if args.metrics_listen:
-        host, port = parse_address(args.metrics_listen)
+        host, port = split_address(args.metrics_listen)
     else:
-        host, data_port = parse_address(node.listen_address)
-        port = data_port + 2 if parse_address(args.listen)[1] else 0
+        host, data_port = split_address(node.listen_address)
+        port = data_port + 2 if split_address(args.listen)[1] else 0
     try:
         server, _ = start_metrics_server(host, port)
     except OSError as exc:

@@ -28,11 +28,12 @@ from pathlib import Path
 
 import grpc
 
+from emberfs.common.addresses import join_address, split_address
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore
-from emberfs.storageserver.dataserver import DataServer, format_address, parse_address
+from emberfs.storageserver.dataserver import DataServer
 from emberfs.storageserver.gc import run_gc_once
 from emberfs.storageserver.resync import sync_successor
 from emberfs.storageserver.service import StorageServicer, add_to_server
@@ -117,9 +118,9 @@ class Node:
             raise ValueError(f"targets must be between 1 and {MAX_TARGETS}")
         self.data_dir = Path(data_dir)
         self.meta_address = meta_address
-        self.listen = parse_address(listen)
-        self.grpc_listen = parse_address(grpc_listen) if grpc_listen else None
-        self.advertise = parse_address(advertise) if advertise else None
+        self.listen = split_address(listen)
+        self.grpc_listen = split_address(grpc_listen) if grpc_listen else None
+        self.advertise = split_address(advertise) if advertise else None
         self.n_targets = targets
         self._node_id_arg = node_id
         self.heartbeat_interval = heartbeat_interval
@@ -241,20 +242,20 @@ class Node:
         )
         ghost, gport = self.grpc_listen or (host, data_port + 1 if port else 0)
         try:
-            bound = self._grpc.add_insecure_port(format_address(ghost, gport))
+            bound = self._grpc.add_insecure_port(join_address(ghost, gport))
         except RuntimeError as exc:
-            raise OSError(f"cannot listen on {format_address(ghost, gport)}: {exc}") from exc
+            raise OSError(f"cannot listen on {join_address(ghost, gport)}: {exc}") from exc
         if not bound:
-            raise OSError(f"cannot listen on {format_address(ghost, gport)}")
+            raise OSError(f"cannot listen on {join_address(ghost, gport)}")
         self._grpc.start()
-        self.listen_address = format_address(host, data_port)
-        self.grpc_listen_address = format_address(ghost, bound)
+        self.listen_address = join_address(host, data_port)
+        self.grpc_listen_address = join_address(ghost, bound)
         adv_host = self.advertise[0] if self.advertise else host
         if adv_host in ("0.0.0.0", "::", ""):
             adv_host = socket.gethostname()
         adv_port = self.advertise[1] if self.advertise and self.advertise[1] else data_port
-        self.data_address = format_address(adv_host, adv_port)
-        self.grpc_address = format_address(adv_host, bound)
+        self.data_address = join_address(adv_host, adv_port)
+        self.grpc_address = join_address(adv_host, bound)
 
         self._channel = grpc.insecure_channel(self.meta_address)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from emberfs.common import framing
+from emberfs.common.addresses import split_address
 from emberfs.proto import data_pb2, storage_pb2, storage_pb2_grpc
 from emberfs.storageserver.chunkstore import ChunkMeta, ChunkStore
 
@@ -54,13 +55,6 @@ class ResyncError(Exception):
 
 class ResyncInterrupted(ResyncError):
     """``should_stop`` asked the sync to end before it finished."""
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"bad address {address!r}, expected HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 def _remote_chunks(
@@ -94,7 +88,7 @@ class _DataConnection:
     """One framed-protocol connection to the successor, reopened if the peer closed it."""
 
     def __init__(self, address: str):
-        self._address = _split(address)
+        self._address = split_address(address)
         self._sock: socket.socket | None = None
 
     def _connect(self) -> socket.socket:
