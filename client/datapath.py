@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import itertools
 import socket
-import struct
 import threading
 import time
 from collections import defaultdict
@@ -218,13 +217,7 @@ class DataClient:
 
     @staticmethod
     def _recv_head(sock: socket.socket, expect_op: int):
-        raw = framing.recv_exact(sock, framing.HEADER_SIZE)
-        header = framing.unpack_header(bytes(raw))
-        meta = bytes(framing.recv_exact(sock, header.meta_len))
-        nb = header.n_blocks
-        crcs: tuple[int, ...] = ()
-        if nb:
-            crcs = struct.unpack(f"<{nb}I", framing.recv_exact(sock, 4 * nb))
+        header, meta, crcs = framing.recv_head(sock)
         if header.op != expect_op:
             raise framing.FrameError(f"unexpected response op {header.op:#x}")
         if header.status != Status.OK:

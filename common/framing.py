@@ -230,6 +230,20 @@ class Frame:
     data: memoryview | None
 
 
+def recv_head(sock: socket.socket) -> tuple[Header, bytes, tuple[int, ...]]:
+    """Receive a frame up to its data: the header, the meta section and the CRC table.
+
+    The caller then receives ``header.data_len`` data bytes where it wants them.
+    """
+    header = unpack_header(bytes(recv_exact(sock, HEADER_SIZE)))
+    meta = bytes(recv_exact(sock, header.meta_len))
+    nb = header.n_blocks
+    crcs: tuple[int, ...] = ()
+    if nb:
+        crcs = struct.unpack(f"<{nb}I", recv_exact(sock, 4 * nb))
+    return header, meta, crcs
+
+
 def recv_frame(
     sock: socket.socket,
     into: memoryview | None = None,
@@ -246,12 +260,7 @@ def recv_frame(
     Raises FrameError on a malformed frame or a peer that stops mid-frame, and
     ``socket.timeout`` when the socket's timeout expires.
     """
-    header = unpack_header(bytes(recv_exact(sock, HEADER_SIZE)))
-    meta = bytes(recv_exact(sock, header.meta_len))
-    nb = header.n_blocks
-    crcs: tuple[int, ...] = ()
-    if nb:
-        crcs = struct.unpack(f"<{nb}I", recv_exact(sock, 4 * nb))
+    header, meta, crcs = recv_head(sock)
     data = None
     if header.data_len:
         if into is not None:

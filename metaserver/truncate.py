@@ -74,8 +74,8 @@ def truncate_chunks(
     """Cut the chunks of the file ``attr`` to ``length`` bytes on every replica.
 
     For each chain of ``attr.layout.chains`` (at stripe position ``p``) the
-    head gets ``ChunkTruncateRequest(stripe_position=p, ...)``: chunks wholly
-    past ``length`` are removed and the chunk holding ``length`` is cut.
+    head gets ``ChunkTruncateRequest(stripe_position=p, ...)``: the chunk holding
+    ``length`` is cut, and chunks wholly past it are cut to zero bytes.
     Stale chains, targets that do not serve and connection failures are
     retried with fresh routing and backoff until ``timeout`` seconds passed.
 
