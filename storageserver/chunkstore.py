@@ -24,6 +24,17 @@ system already holds every acknowledged write); a power loss may. With
 metadata refers to it and every metadata write syncs the WAL, which survives
 power loss at the cost of a few milliseconds per change.
 
+Chunk files are written with direct I/O (``O_DIRECT``) where the file system
+allows it: the largest 4 KiB-aligned part of the content goes straight from the
+caller's buffer (or an aligned per-thread copy of it) to the device, the rest
+through the page cache. A buffered write of new data has to fill fresh page
+cache pages, and on a virtual machine whose host takes back free guest memory
+that costs more CPU than all the network copies of a replicated write; a direct
+write costs a tenth of it. Reads stay buffered (``sendfile`` from the page
+cache); the kernel keeps direct writes and cached pages coherent. Where
+``O_DIRECT`` is refused (tmpfs and some network file systems) the store falls
+back to buffered writes by itself; ``direct_io=False`` asks for them.
+
 Callers order the updates of one chunk (the data server holds a per-chunk lock);
 the store itself is safe to call from many threads: metadata read-modify-write
 runs under one lock, file I/O outside it.
@@ -31,7 +42,10 @@ runs under one lock, file I/O outside it.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
+import mmap
 import os
 import re
 import struct
@@ -58,6 +72,38 @@ _FORMAT = 1
 _RECORD = struct.Struct("<BQQIIQQII")
 _FILE_NAME = re.compile(r"([0-9a-f]{8})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
 _INODE_DIR = re.compile(r"[0-9a-f]{16}")
+_DIRECT_ALIGN = 4096  # buffer address, file offset and length of an O_DIRECT write
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_SCRATCH_MAX = 16 * 1024 * 1024  # largest aligned copy kept per thread
+_scratch = threading.local()
+
+
+def _address(view: memoryview) -> int | None:
+    """The address of a writable buffer's first byte, or None when it is read-only."""
+    if view.readonly or not len(view):
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def _aligned(view: memoryview) -> memoryview:
+    """``view`` itself when its address is aligned for direct I/O, else an aligned copy.
+
+    The copy lives in a page-aligned anonymous mapping kept per thread (up
+    to ``_SCRATCH_MAX`` bytes), so a thread copies into memory it has touched
+    before.
+    """
+    address = _address(view)
+    if address is not None and address % _DIRECT_ALIGN == 0:
+        return view
+    n = len(view)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = mmap.mmap(-1, max(n, _DIRECT_ALIGN))
+        if n <= _SCRATCH_MAX:
+            _scratch.buf = buf
+    out = memoryview(buf)[:n]
+    out[:] = view
+    return out
 
 
 class VersionConflict(Exception):
@@ -172,9 +218,20 @@ class ChunkStore:
         Fsync chunk files and sync the metadata WAL before a change returns
         (power-loss durability). Without it a change survives the death of the
         process but not of the machine.
+    direct_io : bool, default True
+        Write chunk files with ``O_DIRECT`` where the file system allows it
+        (see the module notes); the store turns it off by itself on the
+        first refusal.
     """
 
-    def __init__(self, root: Path, *, block_size: int = framing.DEFAULT_BLOCK, fsync: bool = False):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        block_size: int = framing.DEFAULT_BLOCK,
+        fsync: bool = False,
+        direct_io: bool = True,
+    ):
         from rocksdict import Options, Rdict, WriteOptions
 
         if not framing.MIN_BLOCK <= block_size <= framing.MAX_DATA:
@@ -182,6 +239,7 @@ class ChunkStore:
         self.root = Path(root)
         self.block_size = block_size
         self.fsync = fsync
+        self.direct_io = bool(direct_io and _O_DIRECT)
         self._chunks_dir = self.root / "chunks"
         self._chunks_dir.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
@@ -335,9 +393,9 @@ class ChunkStore:
                 new_dir = True
         try:
             view = memoryview(data).cast("B")
-            written = 0
+            written = self._write_direct(path, view) if self.direct_io else 0
             while written < len(view):
-                written += os.write(fd, view[written:])
+                written += os.pwrite(fd, view[written:], written)
             if self.fsync:
                 os.fsync(fd)
         except BaseException:
@@ -352,6 +410,46 @@ class ChunkStore:
         with self._lock:
             self._used += len(view)
         return path, fid
+
+    def _write_direct(self, path: Path, view: memoryview) -> int:
+        """Write the aligned head of ``view`` to the new file ``path`` with O_DIRECT.
+
+        Returns how many bytes it wrote from offset 0 (a multiple of the
+        alignment); the caller writes the rest through the page cache. A file
+        system that refuses direct I/O turns it off for the store.
+        """
+        n = len(view) - len(view) % _DIRECT_ALIGN
+        if n == 0:
+            return 0
+        try:
+            fd = os.open(path, os.O_WRONLY | _O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self._direct_refused(exc)
+            return 0
+        written = 0
+        try:
+            src = _aligned(view[:n])
+            while written < n:
+                k = os.pwrite(fd, src[written:], written)
+                if k <= 0:
+                    break
+                written += k
+                if k % _DIRECT_ALIGN:
+                    break  # the rest would be misaligned: the page cache takes it
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self._direct_refused(exc)
+        finally:
+            os.close(fd)
+        return written
+
+    def _direct_refused(self, exc: OSError) -> None:
+        if self.direct_io:
+            self.direct_io = False
+            log.info("%s: direct I/O refused (%s); writing through the page cache", self.root, exc)
 
     @staticmethod
     def _fsync_dir(path: Path) -> None:

@@ -47,6 +47,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--fsync", action="store_true", help="fsync every chunk change (power-loss durability)"
     )
+    p.add_argument(
+        "--buffered-io",
+        action="store_true",
+        help="write chunk files through the page cache instead of with O_DIRECT",
+    )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
     for opt in ("meta", "listen", "grpc_listen", "advertise", "metrics_listen"):
@@ -80,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         node_id=args.node_id,
         heartbeat_interval=args.heartbeat_interval,
         fsync=args.fsync,
+        direct_io=not args.buffered_io,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.request_stop())

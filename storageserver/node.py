@@ -96,6 +96,9 @@ class Node:
         Seconds between heartbeats.
     fsync : bool, default False
         Chunk stores fsync every change (power-loss durability).
+    direct_io : bool, default True
+        Chunk stores write chunk files with ``O_DIRECT`` where the file
+        system allows it.
     background_interval : float, default 1.0
         Seconds between garbage-collection / resync rounds.
     """
@@ -112,6 +115,7 @@ class Node:
         node_id: str | None = None,
         heartbeat_interval: float = 0.5,
         fsync: bool = False,
+        direct_io: bool = True,
         background_interval: float = 1.0,
     ):
         if not 1 <= targets <= MAX_TARGETS:
@@ -125,6 +129,7 @@ class Node:
         self._node_id_arg = node_id
         self.heartbeat_interval = heartbeat_interval
         self.fsync = fsync
+        self.direct_io = direct_io
         self.background_interval = background_interval
 
         self.node_id = ""
@@ -217,7 +222,9 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = self._load_node_id()
         for k in range(1, self.n_targets + 1):
-            store = ChunkStore(self.data_dir / f"target-{k}", fsync=self.fsync)
+            store = ChunkStore(
+                self.data_dir / f"target-{k}", fsync=self.fsync, direct_io=self.direct_io
+            )
             self._local.append(store)
             self._target_ids.append(_read_int(store.root / "target_id"))
 

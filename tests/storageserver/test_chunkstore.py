@@ -432,3 +432,52 @@ def test_kill_9_mid_stream_keeps_every_acknowledged_version(tmp_path):
             assert store.stats()["used"] == sum(p.stat().st_size for p in chunk_files(root))
         finally:
             store.close()
+
+
+@pytest.mark.parametrize("source", ["bytes", "bytearray-offset", "mmap"])
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, 3 * 4096 + 17, CS])
+def test_direct_io_writes_every_size_and_buffer_exactly(tmp_path, source, size):
+    import mmap
+
+    payload = random.randbytes(size)
+    if source == "bytes":
+        data = payload
+    elif source == "bytearray-offset":  # an address that is not aligned
+        data = memoryview(bytearray(b"x" + payload))[1:]
+    else:
+        buf = mmap.mmap(-1, size)
+        buf[:] = payload
+        data = memoryview(buf)
+    with ChunkStore(tmp_path / "t", direct_io=True) as store:
+        store.stage(5, 0, 1, 0, data, chunk_size=CS, full_chunk=True)
+        store.commit(5, 0, 1)
+        # a partial overwrite rewrites the chunk from a patched copy
+        store.stage(5, 0, 2, size // 2, b"zz", chunk_size=CS)
+        store.commit(5, 0, 2)
+        assert store.direct_io, "this file system refused O_DIRECT"
+        expected = bytearray(payload)
+        expected[size // 2 : size // 2 + 2] = b"zz"
+        assert content(store, 5, 0) == bytes(expected)
+        (path,) = chunk_files(tmp_path / "t")
+        assert path.stat().st_size == len(expected)
+
+
+def test_direct_io_refused_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    import errno as errno_mod
+
+    from emberfs.storageserver import chunkstore
+
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & chunkstore._O_DIRECT:
+            raise OSError(errno_mod.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(chunkstore.os, "open", refusing_open)
+    payload = random.randbytes(3 * 4096 + 5)
+    with ChunkStore(tmp_path / "t", direct_io=True) as store:
+        store.stage(5, 0, 1, 0, payload, chunk_size=CS, full_chunk=True)
+        store.commit(5, 0, 1)
+        assert not store.direct_io
+        assert content(store, 5, 0) == payload
