@@ -268,6 +268,7 @@ def measure(args) -> dict:
                 log(f"round {rnd - args.warmup + 1}/{args.repeat}")
                 series.recording = True
             series.add("raw", raw_tcp.measure(raw_file, chunk))
+            series.add("raw_fresh", raw_tcp.measure(raw_file, chunk, fresh=True))
             for mode in ("read", "stream", "readinto", "cat"):
                 r = run_reader(
                     "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk)
@@ -335,6 +336,8 @@ def measure(args) -> dict:
         "readinto_vs_raw": r("emberfs_readinto", "raw"),
         "stream_vs_raw": r("emberfs_stream", "raw"),
         "cat_vs_raw": r("emberfs_cat", "raw"),
+        "read_vs_raw_fresh": r("emberfs_read", "raw_fresh"),
+        "cat_vs_raw_fresh": r("emberfs_cat", "raw_fresh"),
         "write_vs_raw": r(f"write_{size_name(small)}", "raw"),
         "write_vs_local_write_over_3": (
             med[f"write_{size_name(small)}"] / (med["local_write"] / 3)
@@ -376,6 +379,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
     rss = doc["peak_rss_bytes"]
     names = {
         "raw": "raw TCP ceiling (1 conn, sendfile -> recv_into)",
+        "raw_fresh": "raw TCP into a fresh whole-file buffer",
         "local_write": "page-cache write, new file, 1 process",
         "emberfs_read": "EmberFS open().read() whole file",
         "emberfs_stream": "EmberFS read(4 MiB) loop",
@@ -424,6 +428,7 @@ def chart(doc: dict, path: Path) -> bool:
     med = doc["throughput"]
     order = [
         ("raw", "raw TCP ceiling"),
+        ("raw_fresh", "raw TCP, fresh whole-file buffer"),
         ("emberfs_read", "EmberFS read()"),
         ("emberfs_readinto", "EmberFS readinto"),
         ("emberfs_stream", "EmberFS read(4M) loop"),

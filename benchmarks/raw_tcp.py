@@ -6,6 +6,11 @@ A server process answers each 16-byte request ``(offset u64, length u64)`` with
 This is what the framed protocol of EmberFS does without framing, checksums,
 metadata, chains or threads, so it is the figure EmberFS is measured against.
 
+With ``fresh`` the client instead receives each pass into a new whole-file
+buffer that nothing touched before (an anonymous mapping, as a large ``bytes``
+result is): the ceiling of a whole-file read, which also pays the first touch
+of every page of its result.
+
 Run alone: ``python benchmarks/raw_tcp.py --size 1GiB --request 4MiB``.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import socket
 import struct
@@ -91,8 +97,12 @@ def serve(path: str) -> None:
         os.close(fd)
 
 
-def measure(path: Path, request_size: int, passes: int = 1) -> float:
-    """Bytes per second of reading the whole file ``passes`` times over one connection."""
+def measure(path: Path, request_size: int, passes: int = 1, fresh: bool = False) -> float:
+    """Bytes per second of reading the whole file ``passes`` times over one connection.
+
+    ``fresh``: every pass receives into a new untouched buffer of the file's size
+    instead of reusing one ``request_size`` buffer.
+    """
     size = path.stat().st_size
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(path)],
@@ -108,18 +118,25 @@ def measure(path: Path, request_size: int, passes: int = 1) -> float:
         started = time.perf_counter()
         total = 0
         for _ in range(passes):
+            whole = mmap.mmap(-1, size) if fresh else None
+            whole_view = memoryview(whole) if fresh else None
             offset = 0
             while offset < size:
                 length = min(request_size, size - offset)
                 sock.sendall(_REQ.pack(offset, length))
+                into = whole_view[offset : offset + length] if fresh else view[:length]
                 got = 0
                 while got < length:
-                    n = sock.recv_into(view[got:length])
+                    n = sock.recv_into(into[got:])
                     if n == 0:
                         raise ConnectionError("server closed the connection")
                     got += n
                 offset += length
                 total += length
+            if fresh:
+                into.release()
+                whole_view.release()
+                whole.close()
         elapsed = time.perf_counter() - started
         sock.close()
     finally:
@@ -137,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="1GiB", help="file size (default 1GiB)")
     parser.add_argument("--request", default="4MiB", help="request size (default 4MiB)")
     parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument(
+        "--fresh", action="store_true", help="receive each pass into a new whole-file buffer"
+    )
     parser.add_argument("--dir", default=None, help="where the file goes (default: a temp dir)")
     parser.add_argument("--serve", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -146,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = make_file(Path(tmp) / "raw.bin", parse_size(args.size))
         warm(path)
-        rate = measure(path, parse_size(args.request), args.passes)
+        rate = measure(path, parse_size(args.request), args.passes, fresh=args.fresh)
     print(json.dumps({"raw_tcp_bytes_per_s": rate, "gb_per_s": rate / 1e9}))
     return 0
 

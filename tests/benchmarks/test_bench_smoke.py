@@ -176,6 +176,7 @@ def test_compare_smoke(tmp_path):
     thr = doc["throughput"]
     for key in (
         "raw",
+        "raw_fresh",
         "local_write",
         "emberfs_read",
         "emberfs_stream",
@@ -194,6 +195,7 @@ def test_compare_smoke(tmp_path):
             assert m[key] > 0, key
     keys = {t["key"] for t in doc["targets"]}
     assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
+    assert doc["ratios"]["read_vs_raw_fresh"] > 0
     assert "ratios and targets" in r.stdout
     if have_seaweed:
         assert doc["seaweed"]["used"] is True
