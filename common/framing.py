@@ -18,6 +18,7 @@ receivers ``recv_into`` a preallocated buffer and verify every block's CRC.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import select
 import socket
@@ -101,6 +102,75 @@ def block_crcs(data, block_size: int = DEFAULT_BLOCK) -> list[int]:
     """CRC32C of each ``block_size`` slice of ``data`` (the last may be short)."""
     mv = memoryview(data).cast("B")
     return [crc32c.crc32c(mv[i : i + block_size]) for i in range(0, len(mv), block_size)]
+
+
+# CRC32C (reflected polynomial 0x82F63B78) is linear over GF(2): the CRC of
+# A + B is the CRC of A carried through len(B) zero bytes, XOR the CRC of B.
+# Carrying a CRC through n zero bytes is a 32x32 bit matrix, kept here as four
+# 256-entry tables (one per byte of the CRC) so applying it costs four lookups.
+_CRC32C_POLY = 0x82F63B78
+
+
+def _gf2_apply(matrix: list[int], vec: int) -> int:
+    out = 0
+    i = 0
+    while vec:
+        if vec & 1:
+            out ^= matrix[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(matrix: list[int]) -> list[int]:
+    return [_gf2_apply(matrix, column) for column in matrix]
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros_operator(n: int) -> tuple[tuple[int, ...], ...]:
+    """Tables of the map "CRC register after ``n`` more zero bytes" (n >= 1)."""
+    op = [_CRC32C_POLY] + [1 << i for i in range(31)]  # one zero bit
+    for _ in range(3):  # one zero byte
+        op = _gf2_square(op)
+    result: list[int] | None = None
+    while n:
+        if n & 1:
+            result = op if result is None else [_gf2_apply(op, c) for c in result]
+        n >>= 1
+        if n:
+            op = _gf2_square(op)
+    assert result is not None
+    tables = []
+    for byte in range(4):
+        columns = result[8 * byte : 8 * byte + 8]
+        tables.append(tuple(_gf2_apply(columns, v) for v in range(256)))
+    return tuple(tables)
+
+
+def crc32c_combine(crc_a: int, crc_b: int, len_b: int) -> int:
+    """CRC32C of ``A + B`` from ``crc32c(A)``, ``crc32c(B)`` and ``len(B)``."""
+    if len_b <= 0:
+        return crc_a
+    t0, t1, t2, t3 = _zeros_operator(len_b)
+    shifted = t0[crc_a & 0xFF] ^ t1[(crc_a >> 8) & 0xFF] ^ t2[(crc_a >> 16) & 0xFF]
+    return shifted ^ t3[crc_a >> 24] ^ crc_b
+
+
+def combine_crcs(crcs, block_size: int, data_len: int) -> int:
+    """CRC32C of whole data from the CRC32C of its ``block_size`` blocks.
+
+    Equal to ``crc32c.crc32c(data)`` without reading the data again.
+    """
+    if len(crcs) != n_blocks(data_len, block_size):
+        raise ValueError("CRC table does not match the data length")
+    if not crcs:
+        return 0
+    total = crcs[0]
+    last = len(crcs) - 1
+    for i in range(1, last + 1):
+        length = block_size if i < last else data_len - last * block_size
+        total = crc32c_combine(total, crcs[i], length)
+    return total
 
 
 def verify(data, crcs, block_size: int) -> None:

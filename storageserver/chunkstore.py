@@ -686,7 +686,7 @@ class ChunkStore:
                 block_crcs = given_crcs
                 if block_crcs is None or len(block_crcs) != framing.n_blocks(n, bs):
                     block_crcs = framing.block_crcs(view, bs)
-                return view, list(block_crcs), crc32c.crc32c(view)
+                return view, list(block_crcs), framing.combine_crcs(block_crcs, bs, n)
             content = self._patched_content(inode, index, base, offset, view)
             new_len = len(content)
             mv = memoryview(content)
@@ -696,7 +696,7 @@ class ChunkStore:
             crcs = list(old[:first])
             crcs.extend(crc32c.crc32c(mv[i * bs : (i + 1) * bs]) for i in range(first, last))
             crcs.extend(old[last : framing.n_blocks(new_len, bs)])
-            return content, crcs, crc32c.crc32c(mv)
+            return content, crcs, framing.combine_crcs(crcs, bs, new_len)
 
         return self._stage_new(inode, index, version, build)
 
@@ -724,7 +724,7 @@ class ChunkStore:
             crcs = list(base.c_crcs[:full])
             if new_len % bs:
                 crcs.append(crc32c.crc32c(memoryview(content)[full * bs :]))
-            return content, crcs, crc32c.crc32c(content)
+            return content, crcs, framing.combine_crcs(crcs, bs, new_len)
 
         return self._stage_new(inode, index, version, build)
 
@@ -800,7 +800,8 @@ class ChunkStore:
         if len(view) > MAX_CHUNK_SIZE:
             raise ValueError(f"{len(view)} bytes exceed the largest chunk size")
         key = _KEY.pack(inode, index)
-        checksum = crc32c.crc32c(view)
+        crcs = framing.block_crcs(view, self.block_size)
+        checksum = framing.combine_crcs(crcs, self.block_size, len(view))
 
         def stale(rec: _Record | None) -> bool:
             if rec is None or rec.c_version < version:
@@ -809,7 +810,6 @@ class ChunkStore:
 
         if stale(self._get(key)):
             return False
-        crcs = framing.block_crcs(view, self.block_size)
         path, fid = self._write_file(inode, index, version, view)
         garbage: list[tuple[Path, int]] = []
         with self._lock:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import struct
 import threading
@@ -210,3 +211,23 @@ def test_sendfile_frame_on_a_socket_with_timeout(tmp_path):
         a.close()
         b.close()
     assert bytes(frame.data) == data
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 65536, 3 * 65536 + 100, 4 << 20])
+@pytest.mark.parametrize("block", [4096, 65536])
+def test_combine_crcs_equals_the_crc_of_the_whole(size, block):
+    data = random.Random(size * 7 + block).randbytes(size)
+    crcs = framing.block_crcs(data, block)
+    assert framing.combine_crcs(crcs, block, size) == crc32c.crc32c(data)
+
+
+def test_combine_crcs_refuses_a_table_of_the_wrong_length():
+    with pytest.raises(ValueError):
+        framing.combine_crcs([1, 2], 4096, 4096)
+
+
+def test_crc32c_combine_of_two_parts():
+    a, b = b"emberfs " * 1000, b"chunk data" * 333
+    joined = framing.crc32c_combine(crc32c.crc32c(a), crc32c.crc32c(b), len(b))
+    assert joined == crc32c.crc32c(a + b)
+    assert framing.crc32c_combine(crc32c.crc32c(a), 0, 0) == crc32c.crc32c(a)
