@@ -153,8 +153,13 @@ _ERRNO_BY_CODE: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.DATA_LOSS: _errno.EIO,
 }
 
-# Codes a client retries (with backoff) rather than surfacing.
-RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Codes a client retries (with backoff) rather than surfacing. CANCELLED is what
+# a server that is shutting down answers to the calls it drops; clients never
+# cancel their own calls, and every mutating call carries a request id, so a
+# retried one is applied once.
+RETRYABLE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
 
 
 def error_for_errno(err: int, message: str = "") -> EmberError:

@@ -66,6 +66,7 @@ def test_retry_gives_up_after_timeout_and_attempts():
 def test_retryable_grpc_codes():
     assert is_retryable(_RpcError(grpc.StatusCode.UNAVAILABLE))
     assert is_retryable(_RpcError(grpc.StatusCode.DEADLINE_EXCEEDED))
+    assert is_retryable(_RpcError(grpc.StatusCode.CANCELLED))  # a server shutting down
     assert not is_retryable(_RpcError(grpc.StatusCode.NOT_FOUND))
     assert not is_retryable(OSError(5, "io"))
 
