@@ -19,6 +19,8 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
+from google.protobuf.message import DecodeError
+
 from emberfs.client.meta import RequestIds, TransientError, retry
 from emberfs.client.routing import Chain, RoutingCache, RoutingInfo, Target
 from emberfs.common import framing
@@ -93,6 +95,23 @@ class ConnectionPool:
             self._forget(address)
             raise
 
+    def try_acquire(self, address: str) -> socket.socket | None:
+        """An idle or new connection to ``address``, or None when all are busy (never waits)."""
+        with self._cond:
+            if self._closed:
+                return None
+            idle = self._idle[address]
+            if idle:
+                return idle.pop()
+            if self._open[address] >= self.max_per_address:
+                return None
+            self._open[address] += 1
+        try:
+            return self._connect(address)
+        except OSError:
+            self._forget(address)
+            return None
+
     def release(self, address: str, sock: socket.socket) -> None:
         """Give a healthy connection back."""
         with self._cond:
@@ -146,6 +165,63 @@ class _Refused(Exception):
         self.status = status
 
 
+class PendingRead:
+    """A chunk read whose request is sent and whose answer waits in the socket.
+
+    Made by :meth:`DataClient.start_read`; used once, by :meth:`finish_into`
+    or :meth:`cancel`.
+    """
+
+    __slots__ = ("_client", "_address", "_sock", "length")
+
+    def __init__(self, client: DataClient, address: str, sock: socket.socket, length: int):
+        self._client = client
+        self._address = address
+        self._sock: socket.socket | None = sock
+        self.length = length
+
+    def finish_into(self, out: memoryview) -> bool:
+        """Receive the answer into ``out`` (``length`` bytes); True when it is all there.
+
+        Every byte is verified against its block CRC32C. False, with ``out``
+        in any state, when the replica refused, answered with fewer bytes (a
+        hole or the chunk's end), failed or sent a bad checksum: the caller
+        then reads the range with :meth:`DataClient.read_chunk`, which retries
+        other replicas.
+        """
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return False
+        clean = False
+        try:
+            header, meta, crcs = framing.recv_head(sock)
+            if header.op != _READ_RESPONSE:
+                raise framing.FrameError(f"unexpected response op {header.op:#x}")
+            usable = header.status == Status.OK and header.data_len == len(out) == self.length
+            if usable:
+                usable = data_pb2.ChunkReadResponse.FromString(meta).skip == 0
+            if not usable:
+                if header.data_len:
+                    framing.recv_exact(sock, header.data_len)
+                clean = True
+                return False
+            framing.recv_exact_into(sock, out)
+            clean = True
+            framing.verify(out, crcs, header.block_size)
+            return True
+        except (OSError, framing.FrameError, DecodeError):
+            self._client.pool.mark_bad(self._address)
+            return False
+        finally:
+            self._client._end_pending(self._address, sock, clean)
+
+    def cancel(self) -> None:
+        """Give up on the answer (the connection is closed: it still carries it)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            self._client._end_pending(self._address, sock, False)
+
+
 class DataClient:
     """Chunk reads and writes against the replication chains.
 
@@ -177,6 +253,7 @@ class DataClient:
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
         self._outstanding: dict[str, int] = defaultdict(int)
+        self._pending: dict[str, int] = defaultdict(int)  # sent reads holding a connection
         self._rr = itertools.count()
         self._lock = threading.Lock()
 
@@ -350,6 +427,69 @@ class DataClient:
             raise OSError(errno.EIO, f"chain {chain_id} is unknown to the cluster") from None
         if fatal:
             raise fatal[0]
+
+    def start_read(
+        self, chain_id: int, inode: int, index: int, offset: int, length: int
+    ) -> PendingRead | None:
+        """Send a read of ``length`` bytes at ``offset`` of a chunk now; receive it later.
+
+        The answer waits in the connection's socket buffers until
+        :meth:`PendingRead.finish_into` receives it straight into the
+        caller's buffer, so reading ahead costs no buffer and no copy. Returns
+        None when no serving replica has a free connection (the caller reads
+        the usual way).
+        """
+        try:
+            _, chain = self.routing.chain(chain_id)
+        except KeyError:
+            return None
+        req = None
+        # Sent reads hold their connections until the caller wants the data, so
+        # they may take at most half of a server's: the other half always
+        # serves the fetches that the caller may be waiting for meanwhile.
+        cap = self.pool.max_per_address // 2
+        for target in self._replicas(chain):
+            address = target.data_address
+            if self.pool.is_bad(address):
+                continue
+            with self._lock:
+                if self._pending[address] >= cap:
+                    continue
+                self._pending[address] += 1
+            sock = self.pool.try_acquire(address)
+            if sock is None:
+                with self._lock:
+                    self._pending[address] -= 1
+                continue
+            if req is None:
+                req = data_pb2.ChunkReadRequest(
+                    chain_id=chain.chain_id,
+                    chunk=data_pb2.ChunkId(inode=inode, index=index),
+                    offset=offset,
+                    length=length,
+                    chain_version=chain.version,
+                )
+            req.target_id = target.target_id
+            try:
+                framing.send_frame(sock, Op.READ, req.SerializeToString(), None)
+            except OSError:
+                self.pool.discard(address, sock)
+                with self._lock:
+                    self._pending[address] -= 1
+                continue
+            with self._lock:
+                self._outstanding[address] += 1
+            return PendingRead(self, address, sock, length)
+        return None
+
+    def _end_pending(self, address: str, sock: socket.socket, clean: bool) -> None:
+        with self._lock:
+            self._outstanding[address] -= 1
+            self._pending[address] -= 1
+        if clean:
+            self.pool.release(address, sock)
+        else:
+            self.pool.discard(address, sock)
 
     # writes ------------------------------------------------------------------
     def write_chunk(

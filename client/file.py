@@ -248,6 +248,7 @@ class EmberFile(AbstractBufferedFile):
         if mode == "rb" and cache_type == "emberfs":
             cache_options.setdefault("submit", self._submit_block)
             cache_options.setdefault("submit_into", self._submit_into)
+            cache_options.setdefault("start", self._start_block)
             cache_options.setdefault("depth", fs.readahead_depth)
             cache_options.setdefault("release", fs._release_block)
         super().__init__(
@@ -288,6 +289,9 @@ class EmberFile(AbstractBufferedFile):
 
     def _submit_block(self, start: int, end: int) -> Future:
         return self.fs._submit_block(self.handle, start, end)
+
+    def _start_block(self, start: int, end: int):
+        return self.fs._start_block(self.handle, start, end)
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         end = min(end, self.size)
@@ -443,6 +447,8 @@ class EmberFile(AbstractBufferedFile):
         if self.closed or getattr(self, "_unclosable", False):
             return
         if self.mode == "rb":
+            if isinstance(self.cache, ReadaheadCache):
+                self.cache.close()  # reads sent ahead give their connections back
             super().close()
             return
         error: BaseException | None = None

@@ -473,6 +473,20 @@ class EmberFileSystem(AbstractFileSystem):
 
         return rt.executor.submit(fetch)
 
+    def _start_block(self, h: OpenHandle, start: int, end: int):
+        """Send the read of file bytes [start, end) now (one chunk); see ``DataClient.start_read``.
+
+        None when the range spans chunks or no replica has a free connection.
+        """
+        spans = chunk_spans(start, end - start, h.chunk_size)
+        if len(spans) != 1:
+            return None
+        s = spans[0]
+        rt = self._runtime()
+        return rt.data.start_read(
+            chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, s.length
+        )
+
     def _release_block(self, buf) -> None:
         """Take back a block buffer of :meth:`_submit_block` that nobody uses any more."""
         rt = self._rt

@@ -15,6 +15,13 @@ Block buffers that were read come back to a :class:`BlockPool` through the
 cache's ``release`` callback, so a long sequential read keeps reusing a few
 buffers whose pages are already mapped instead of faulting in fresh memory
 for every block.
+
+A ``readinto`` stream reads ahead without buffers when the cache has a
+``start`` callback: the request for a coming block is sent at once and its
+answer waits in the connection's socket buffers until the ``readinto`` call
+that wants the block receives it straight into the caller's buffer
+(:class:`_SentBlock`). The data then crosses memory once, as in a plain
+socket read, instead of landing in a block buffer and being copied again.
 """
 
 from __future__ import annotations
@@ -29,6 +36,63 @@ from fsspec.caching import BaseCache, register_cache
 BlockSubmitter = Callable[[int, int], Future]
 # submit_into(start, view) -> futures that fill view with the bytes at start..
 IntoSubmitter = Callable[[int, memoryview], list[Future]]
+# start(start, end) -> a sent read (finish_into(view) -> bool, cancel()) or None
+Starter = Callable[[int, int], object]
+
+
+class _SentBlock:
+    """A block whose read request is sent; its answer waits in a socket.
+
+    It stands in the cache's block table beside the futures of fetched
+    blocks and answers the same questions (``result``, ``cancel``, ``done``,
+    ``exception``); :meth:`into` receives it straight into a caller's buffer.
+    A sent read that fails (a refusal, a hole, a dead replica, a checksum)
+    falls back to the usual parallel fetch, which retries other replicas.
+    """
+
+    __slots__ = ("pending", "start", "end", "_submit_into", "_buf")
+
+    def __init__(self, pending, start: int, end: int, submit_into: IntoSubmitter) -> None:
+        self.pending = pending
+        self.start = start
+        self.end = end
+        self._submit_into = submit_into
+        self._buf: bytearray | None = None
+
+    @property
+    def unused(self) -> bool:
+        return self.pending is not None
+
+    def into(self, view: memoryview) -> None:
+        """Fill ``view`` (the whole block) with the block's bytes."""
+        pending, self.pending = self.pending, None
+        if pending is not None and pending.finish_into(view):
+            return
+        futures = self._submit_into(self.start, view)
+        wait(futures)
+        for fut in futures:
+            fut.result()
+
+    def result(self) -> bytearray:
+        """The block's bytes in a buffer of its own (received on first use)."""
+        if self._buf is None:
+            buf = bytearray(self.end - self.start)
+            self.into(memoryview(buf))
+            self._buf = buf
+        return self._buf
+
+    def cancel(self) -> bool:
+        """Drop the answer unless it was received into a buffer (then False)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.cancel()
+        return self._buf is None
+
+    def done(self) -> bool:
+        return self._buf is not None
+
+    def exception(self) -> None:
+        return None
 
 
 class BlockPool:
@@ -94,6 +158,9 @@ class ReadaheadCache(BaseCache):
     release : callable or None
         ``release(buffer)`` takes back the buffer of a block once the cache
         is done with it (see :class:`BlockPool`).
+    start : callable or None
+        ``start(start, end)`` sends the read of a block and returns it
+        unreceived (or None); ``readinto`` streams read ahead with it.
     """
 
     name = "emberfs"
@@ -108,9 +175,11 @@ class ReadaheadCache(BaseCache):
         submit_into: IntoSubmitter | None = None,
         depth: int = 8,
         release: Callable[[object], None] | None = None,
+        start: Starter | None = None,
     ) -> None:
         super().__init__(max(1, blocksize), fetcher, size)
         self.release = release
+        self.start = start
         self.submit = submit
         self.submit_into = submit_into
         self.depth = max(0, depth) if submit is not None else 0
@@ -140,12 +209,22 @@ class ReadaheadCache(BaseCache):
         start = b * self.blocksize
         return start, min(self.size, start + self.blocksize)
 
-    def _prefetch(self, first: int, last: int) -> None:
-        """Make sure blocks first..last are in flight (within the file)."""
+    def _prefetch(self, first: int, last: int, sent: bool = False) -> None:
+        """Make sure blocks first..last are in flight (within the file).
+
+        ``sent``: send the reads and leave their answers in the sockets
+        (:class:`_SentBlock`) where the ``start`` callback can.
+        """
         last = min(last, (self.size - 1) // self.blocksize)
         for b in range(first, last + 1):
-            if b not in self._blocks:
-                self._blocks[b] = self.submit(*self._block_range(b))
+            if b in self._blocks:
+                continue
+            lo, hi = self._block_range(b)
+            pending = self.start(lo, hi) if sent and self.start is not None else None
+            if pending is not None:
+                self._blocks[b] = _SentBlock(pending, lo, hi, self.submit_into)
+            else:
+                self._blocks[b] = self.submit(lo, hi)
 
     def _forget(self, fut: Future) -> None:
         """Cancel a block's fetch, or hand its finished buffer to ``release``."""
@@ -237,11 +316,17 @@ class ReadaheadCache(BaseCache):
             futures.extend(self.submit_into(pos, out[pos - start : run_end - start]))
             pos = run_end
         if sequential and self.submit is not None:
-            self._prefetch(last + 1, last + self._window())
+            self._prefetch(last + 1, last + self._window(), sent=True)
         try:
             for b, lo, hi in copies:
-                data = memoryview(self._block(b))
+                blk = self._blocks[b]
                 b_start = b * bs
+                if isinstance(blk, _SentBlock) and blk.unused and (lo, hi) == (blk.start, blk.end):
+                    # the whole block is wanted: receive it where it goes
+                    del self._blocks[b]
+                    blk.into(out[lo - start : hi - start])
+                    continue
+                data = memoryview(self._block(b))
                 out[lo - start : hi - start] = data[lo - b_start : hi - b_start]
         finally:
             # never return (or raise) while a fetch may still write into ``out``

@@ -202,3 +202,101 @@ def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
             f.write(data[i : i + MiB])
     assert len(seen) == 6
     assert fs.cat_file(f"{base}/bounded") == data
+
+
+def _count_sent_reads(monkeypatch) -> dict:
+    """Count reads sent ahead (``start_read``) and those received in place."""
+    from emberfs.client import datapath
+
+    stats = {"sent": 0, "received": 0}
+    real_start = datapath.DataClient.start_read
+    real_finish = datapath.PendingRead.finish_into
+
+    def start(self, *args, **kwargs):
+        pending = real_start(self, *args, **kwargs)
+        stats["sent"] += pending is not None
+        return pending
+
+    def finish(self, out):
+        ok = real_finish(self, out)
+        stats["received"] += ok
+        return ok
+
+    monkeypatch.setattr(datapath.DataClient, "start_read", start)
+    monkeypatch.setattr(datapath.PendingRead, "finish_into", finish)
+    return stats
+
+
+def _nothing_held(fs) -> bool:
+    """No sent read outstanding and every open data connection idle in the pool."""
+    data = fs._rt.data
+    pool = data.pool
+    with pool._cond:
+        idle = all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
+    return idle and not any(data._pending.values())
+
+
+def _wait_nothing_held(fs, seconds: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not _nothing_held(fs):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_readinto_stream_receives_reads_sent_ahead_in_place(fs, blob, monkeypatch):
+    path, data = blob
+    stats = _count_sent_reads(monkeypatch)
+    out = bytearray()
+    with fs.open(path, "rb") as f:
+        buf = bytearray(f.handle.chunk_size)
+        while n := f.readinto(buf):
+            out += buf[:n]
+    assert out == data
+    assert stats["sent"] >= 1 and stats["received"] >= 1
+    assert _wait_nothing_held(fs)
+
+
+def test_a_sent_read_that_fails_falls_back_to_a_fetch(fs, blob, monkeypatch):
+    from emberfs.client import datapath
+
+    path, data = blob
+    failed = []
+
+    def failing(self, out):
+        out[:] = bytes(len(out))  # whatever it wrote must be overwritten
+        self.cancel()
+        failed.append(len(out))
+        return False
+
+    monkeypatch.setattr(datapath.PendingRead, "finish_into", failing)
+    out = bytearray()
+    with fs.open(path, "rb") as f:
+        buf = bytearray(f.handle.chunk_size)
+        while n := f.readinto(buf):
+            out += buf[:n]
+    assert out == data and failed
+    assert _wait_nothing_held(fs)
+
+
+def test_closing_early_gives_the_connections_of_sent_reads_back(fs, blob, monkeypatch):
+    path, data = blob
+    stats = _count_sent_reads(monkeypatch)
+    with fs.open(path, "rb") as f:
+        buf = bytearray(f.handle.chunk_size)
+        assert f.readinto(buf) == len(buf) and buf == data[: len(buf)]
+        assert f.readinto(buf) == len(buf)  # sequential now: the next block is sent ahead
+        assert stats["sent"] >= 1 and any(fs._rt.data._pending.values())
+    assert stats["received"] == 0
+    assert _wait_nothing_held(fs)
+    # a mixed read after that still sees the right bytes
+    with fs.open(path, "rb") as f:
+        buf = bytearray(f.handle.chunk_size)
+        f.readinto(buf)
+        f.readinto(buf)
+        assert f.read(10) == data[2 * len(buf) : 2 * len(buf) + 10]
+        f.seek(0)
+        assert f.read() == data

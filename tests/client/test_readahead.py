@@ -136,3 +136,56 @@ def test_without_submitters_it_is_a_plain_cache(source):
     assert cache._fetch(10, 20) == source.data[10:20]
     buf = bytearray(50)
     assert cache.readinto(20, memoryview(buf)) == 50 and buf == source.data[20:70]
+
+
+class SentRead:
+    """A read sent ahead: ``finish_into`` fills the caller's view, or fails once asked to."""
+
+    def __init__(self, source, start, end, ok=True):
+        self.source, self.start, self.end, self.ok = source, start, end, ok
+        self.cancelled = False
+
+    def finish_into(self, view):
+        if not self.ok:
+            return False
+        view[:] = self.source.data[self.start : self.end]
+        self.source.received.append((self.start, self.end))
+        return True
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_readinto_stream_receives_sent_blocks_in_place(source):
+    source.received = []
+    sent = []
+
+    def start(lo, hi):
+        read = SentRead(source, lo, hi, ok=(lo // BS) % 3 != 2)  # every third one fails
+        sent.append(read)
+        return read
+
+    cache = ReadaheadCache(
+        BS,
+        source.fetch,
+        len(source.data),
+        submit=source.submit,
+        submit_into=source.submit_into,
+        start=start,
+        depth=4,
+    )
+    d = source.data
+    out = bytearray()
+    buf = bytearray(BS)
+    pos = 0
+    while n := cache.readinto(pos, memoryview(buf)):
+        out += buf[:n]
+        pos += n
+    assert out == d
+    assert source.received  # blocks came straight from the sent reads
+    assert not source.blocks  # and none went through a block buffer
+    failed = {r.start for r in sent if not r.ok}
+    assert failed and {s for s, _ in source.into} >= failed  # failures were fetched again
+    cache.close()
+    unused = [r for r in sent if (r.start, r.end) not in source.received and r.ok]
+    assert all(r.cancelled for r in unused)
