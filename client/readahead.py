@@ -16,8 +16,8 @@ cache's ``release`` callback, so a long sequential read keeps reusing a few
 buffers whose pages are already mapped instead of faulting in fresh memory
 for every block.
 
-A ``readinto`` stream reads ahead without buffers when the cache has a
-``start`` callback: the request for a coming block is sent at once and its
+A ``readinto`` stream of reads of at least a block each reads ahead without
+buffers when the cache has a ``start`` callback: the request for a coming block is sent at once and its
 answer waits in the connection's socket buffers until the ``readinto`` call
 that wants the block receives it straight into the caller's buffer
 (:class:`_SentBlock`). The data then crosses memory once, as in a plain
@@ -316,7 +316,9 @@ class ReadaheadCache(BaseCache):
             futures.extend(self.submit_into(pos, out[pos - start : run_end - start]))
             pos = run_end
         if sequential and self.submit is not None:
-            self._prefetch(last + 1, last + self._window(), sent=True)
+            # Reads of a block or more take each coming block whole, straight from
+            # its socket; smaller reads take pieces of it from a pooled buffer.
+            self._prefetch(last + 1, last + self._window(), sent=n >= bs)
         try:
             for b, lo, hi in copies:
                 blk = self._blocks[b]

@@ -25,7 +25,10 @@ def _pattern(size: int) -> bytes:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_read_survives_kill_9_of_a_storage_server(private_cluster):
+@pytest.mark.parametrize("unit", [MiB, 4 * MiB], ids=["1MiB-reads", "chunk-reads"])
+def test_read_survives_kill_9_of_a_storage_server(private_cluster, unit):
+    # 1 MiB reads take pieces of pooled readahead blocks; chunk-sized reads
+    # receive reads sent ahead straight into the buffer (both must fail over)
     cluster = private_cluster()
     fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
     try:
@@ -44,7 +47,7 @@ def test_read_survives_kill_9_of_a_storage_server(private_cluster):
         thread.start()
         got = bytearray()
         with fs.open("/big.bin", "rb") as f:
-            buf = bytearray(MiB)
+            buf = bytearray(unit)
             while True:
                 n = f.readinto(buf)
                 if not n:
