@@ -17,10 +17,10 @@ buffers whose pages are already mapped instead of faulting in fresh memory
 for every block.
 
 A ``readinto`` stream of reads of at least a block each reads ahead without
-buffers when the cache has a ``start`` callback: the request for a coming block is sent at once and its
-answer waits in the connection's socket buffers until the ``readinto`` call
-that wants the block receives it straight into the caller's buffer
-(:class:`_SentBlock`). The data then crosses memory once, as in a plain
+buffers when the cache has a ``start`` callback: the request for a coming
+block is sent at once and its answer waits in the connection's socket buffers
+until the ``readinto`` call that wants the block receives it straight into the
+caller's buffer (:class:`_SentBlock`). The data then crosses memory once, as in a plain
 socket read, instead of landing in a block buffer and being copied again.
 """
 
