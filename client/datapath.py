@@ -194,10 +194,12 @@ class PendingRead:
             return False
         clean = False
         try:
-            header, meta, crcs = framing.recv_head(sock)
-            if header.op != _READ_RESPONSE:
-                raise framing.FrameError(f"unexpected response op {header.op:#x}")
-            usable = header.status == Status.OK and header.data_len == len(out) == self.length
+            try:
+                header, meta, crcs = DataClient._recv_head(sock, _READ_RESPONSE)
+            except _Refused:  # the refusal was read whole: the connection is fine
+                clean = True
+                return False
+            usable = header.data_len == len(out) == self.length
             if usable:
                 usable = data_pb2.ChunkReadResponse.FromString(meta).skip == 0
             if not usable:
@@ -308,17 +310,23 @@ class DataClient:
             raise _Refused(header.status, message)
         return header, meta, crcs
 
-    def _read_once(
-        self, target: Target, chain: Chain, inode: int, index: int, offset: int, out: memoryview
-    ) -> int:
-        req = data_pb2.ChunkReadRequest(
+    @staticmethod
+    def _read_request(
+        target: Target, chain: Chain, inode: int, index: int, offset: int, length: int
+    ) -> bytes:
+        return data_pb2.ChunkReadRequest(
             chain_id=chain.chain_id,
             target_id=target.target_id,
             chunk=data_pb2.ChunkId(inode=inode, index=index),
             offset=offset,
-            length=len(out),
+            length=length,
             chain_version=chain.version,
         ).SerializeToString()
+
+    def _read_once(
+        self, target: Target, chain: Chain, inode: int, index: int, offset: int, out: memoryview
+    ) -> int:
+        req = self._read_request(target, chain, inode, index, offset, len(out))
 
         def receive(sock):
             try:
@@ -443,7 +451,6 @@ class DataClient:
             _, chain = self.routing.chain(chain_id)
         except KeyError:
             return None
-        req = None
         # Sent reads hold their connections until the caller wants the data, so
         # they may take at most half of a server's: the other half always
         # serves the fetches that the caller may be waiting for meanwhile.
@@ -461,17 +468,9 @@ class DataClient:
                 with self._lock:
                     self._pending[address] -= 1
                 continue
-            if req is None:
-                req = data_pb2.ChunkReadRequest(
-                    chain_id=chain.chain_id,
-                    chunk=data_pb2.ChunkId(inode=inode, index=index),
-                    offset=offset,
-                    length=length,
-                    chain_version=chain.version,
-                )
-            req.target_id = target.target_id
+            req = self._read_request(target, chain, inode, index, offset, length)
             try:
-                framing.send_frame(sock, Op.READ, req.SerializeToString(), None)
+                framing.send_frame(sock, Op.READ, req, None)
             except OSError:
                 self.pool.discard(address, sock)
                 with self._lock:
