@@ -421,18 +421,7 @@ class DataClient:
             why = "; ".join(failures) or "no serving replica"
             raise TransientError(f"chunk {inode}:{index} on chain {chain_id}: {why}")
 
-        try:
-            retry(
-                attempt,
-                timeout=self.read_timeout,
-                backoff=0.05,
-                max_backoff=0.5,
-                on_retry=lambda exc: self.routing.refresh(seen[0]),
-            )
-        except TransientError as exc:
-            raise OSError(errno.EIO, f"read failed: {exc}") from None
-        except KeyError:
-            raise OSError(errno.EIO, f"chain {chain_id} is unknown to the cluster") from None
+        self._retrying(attempt, seen, chain_id, "read", self.read_timeout, max_backoff=0.5)
         if fatal:
             raise fatal[0]
 
@@ -541,15 +530,25 @@ class DataClient:
                 self.pool.mark_bad(head.data_address)
                 raise TransientError(f"{head.data_address}: {exc!r}") from None
 
+        return self._retrying(attempt, seen, chain_id, "write", self.write_timeout, max_backoff=1.0)
+
+    def _retrying(
+        self, attempt, seen: list, chain_id: int, what: str, timeout: float, max_backoff: float
+    ):
+        """Run ``attempt`` until it succeeds or ``timeout`` passes, refreshing routing between tries.
+
+        ``seen[0]`` is the routing the last try used. Running out of time, or a
+        chain the cluster does not know, raises OSError(EIO).
+        """
         try:
             return retry(
                 attempt,
-                timeout=self.write_timeout,
+                timeout=timeout,
                 backoff=0.05,
-                max_backoff=1.0,
+                max_backoff=max_backoff,
                 on_retry=lambda exc: self.routing.refresh(seen[0]),
             )
         except TransientError as exc:
-            raise OSError(errno.EIO, f"write failed: {exc}") from None
+            raise OSError(errno.EIO, f"{what} failed: {exc}") from None
         except KeyError:
             raise OSError(errno.EIO, f"chain {chain_id} is unknown to the cluster") from None

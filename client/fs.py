@@ -434,20 +434,17 @@ class EmberFileSystem(AbstractFileSystem):
     def _submit_into(self, h: OpenHandle, start: int, view: memoryview) -> list[Future]:
         """Start parallel chunk reads filling ``view`` with the file bytes at ``start``."""
         rt = self._runtime()
-        futures = []
+        return [
+            rt.executor.submit(rt.data.read_chunk, *r) for r in self._chunk_reads(h, start, view)
+        ]
+
+    @staticmethod
+    def _chunk_reads(h: OpenHandle, start: int, view: memoryview):
+        """``read_chunk`` arguments that fill ``view`` with the file bytes at ``start``, chunk by chunk."""
         for s in chunk_spans(start, len(view), h.chunk_size):
             lo = s.file_offset - start
-            futures.append(
-                rt.executor.submit(
-                    rt.data.read_chunk,
-                    chunk_chain(h.chains, s.index),
-                    h.inode,
-                    s.index,
-                    s.chunk_offset,
-                    view[lo : lo + s.length],
-                )
-            )
-        return futures
+            piece = view[lo : lo + s.length]
+            yield chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, piece
 
     def _submit_block(self, h: OpenHandle, start: int, end: int) -> Future:
         """A future of a bytearray with the file bytes [start, end) (one task).
@@ -459,16 +456,8 @@ class EmberFileSystem(AbstractFileSystem):
 
         def fetch() -> bytearray:
             buf = rt.blocks.get(end - start)
-            view = memoryview(buf)
-            for s in chunk_spans(start, end - start, h.chunk_size):
-                lo = s.file_offset - start
-                rt.data.read_chunk(
-                    chunk_chain(h.chains, s.index),
-                    h.inode,
-                    s.index,
-                    s.chunk_offset,
-                    view[lo : lo + s.length],
-                )
+            for r in self._chunk_reads(h, start, memoryview(buf)):
+                rt.data.read_chunk(*r)
             return buf
 
         return rt.executor.submit(fetch)
