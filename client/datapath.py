@@ -535,7 +535,7 @@ class DataClient:
     def _retrying(
         self, attempt, seen: list, chain_id: int, what: str, timeout: float, max_backoff: float
     ):
-        """Run ``attempt`` until it succeeds or ``timeout`` passes, refreshing routing between tries.
+        """Run ``attempt`` until it succeeds or ``timeout`` passes; routing refreshed between tries.
 
         ``seen[0]`` is the routing the last try used. Running out of time, or a
         chain the cluster does not know, raises OSError(EIO).

@@ -440,7 +440,7 @@ class EmberFileSystem(AbstractFileSystem):
 
     @staticmethod
     def _chunk_reads(h: OpenHandle, start: int, view: memoryview):
-        """``read_chunk`` arguments that fill ``view`` with the file bytes at ``start``, chunk by chunk."""
+        """``read_chunk`` arguments filling ``view`` with the file bytes at ``start``, per chunk."""
         for s in chunk_spans(start, len(view), h.chunk_size):
             lo = s.file_offset - start
             piece = view[lo : lo + s.length]
