@@ -129,6 +129,7 @@ class Namespace:
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
         self._prune_cursor: bytes | None = None
+        self._hints = idempotency.PruneHints()
         self._last_prune = clock()
         run_transaction(engine, self._make_root)
         self._by_type = self._scan_counts()
@@ -178,7 +179,9 @@ class Namespace:
                     return prior
             response = fn(op, req)
             if dedup:
-                idempotency.store(txn, ctx.client_id, ctx.request_id, method, response, op.now)
+                idempotency.store(
+                    txn, ctx.client_id, ctx.request_id, method, response, op.now, self._hints
+                )
             return response
 
         try:

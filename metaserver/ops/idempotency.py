@@ -13,13 +13,20 @@ Records are pruned two ways:
   :data:`WINDOW` request ids behind the new one. Clients number their
   requests with one increasing counter (reads included), so a retry is
   deduplicated as long as it comes within two minutes and within 65,536
-  requests of that client; records per active client stay bounded;
+  requests of that client; records per active client stay bounded. The scan
+  starts at the client's oldest kept record (a :class:`PruneHints` entry), not
+  at the start of its range: RocksDB keeps a deleted key as a tombstone until
+  compaction, and a seek from the range's start would step over every record
+  pruned since, making each store of a long-lived client slower than the last;
 - by age: :func:`prune_expired` deletes records older than
   :data:`MAX_AGE_NS` (the namespace runs it in bounded slices every
   minute), which covers clients that went away.
 """
 
 from __future__ import annotations
+
+import threading
+from collections import OrderedDict
 
 from google.protobuf.message import Message
 
@@ -31,6 +38,38 @@ WINDOW = 65536
 RETRY_HORIZON_NS = 120 * 10**9
 PRUNE_PER_STORE = 8
 MAX_AGE_NS = 600 * 10**9
+HINT_CLIENTS = 4096
+MAX_REQUEST_ID = 2**64 - 1
+
+
+class PruneHints:
+    """Per client, the request id below which its records are known to be pruned.
+
+    Only a hint, kept in memory for the :data:`HINT_CLIENTS` most recently
+    active clients: a client without one is scanned from the start of its
+    range once, and a record left below a hint (a retry of an old request
+    stored after the window moved on) is removed by :func:`prune_expired`.
+    """
+
+    def __init__(self, capacity: int = HINT_CLIENTS) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._first: OrderedDict[str, int] = OrderedDict()
+
+    def first(self, client_id: str) -> int:
+        """The lowest request id of ``client_id`` that may still have a record."""
+        with self._lock:
+            return self._first.get(client_id, 0)
+
+    def advance(self, client_id: str, request_id: int) -> None:
+        """Note that ``client_id`` has no record below ``request_id``."""
+        with self._lock:
+            if request_id > self._first.get(client_id, 0):
+                self._first[client_id] = request_id
+            if client_id in self._first:
+                self._first.move_to_end(client_id)
+            while len(self._first) > self._capacity:
+                self._first.popitem(last=False)
 
 
 def client_prefix(client_id: str) -> bytes:
@@ -70,18 +109,31 @@ def store(
     method: str,
     response: Message,
     now: int,
+    hints: PruneHints | None = None,
 ) -> None:
-    """Record ``response`` as the result of the request, and prune the client's window."""
+    """Record ``response`` as the result of the request, and prune the client's window.
+
+    With ``hints`` the prune scan starts at the client's hinted first record
+    and moves the hint past what it deletes (once the transaction is built,
+    before it commits: a commit that fails leaves those records to
+    :func:`prune_expired`).
+    """
     txn.put(
         keys.idempotent_key(client_id, request_id),
         schema.encode_idempotent(method, now, response.SerializeToString()),
     )
     prefix = client_prefix(client_id)
-    for key, raw in txn.engine.scan(prefix, prefix_end(prefix), PRUNE_PER_STORE):
-        behind = _request_id(key, prefix) <= request_id - WINDOW
+    first = 0 if hints is None else hints.first(client_id)
+    start = keys.idempotent_key(client_id, first) if first else prefix
+    for key, raw in txn.engine.scan(start, prefix_end(prefix), PRUNE_PER_STORE):
+        first = _request_id(key, prefix)
+        behind = first <= request_id - WINDOW
         if not behind and now - schema.decode_idempotent(raw).stored_ns <= RETRY_HORIZON_NS:
             break
         txn.delete(key)
+        first = min(first + 1, MAX_REQUEST_ID)
+    if hints is not None:
+        hints.advance(client_id, first)
 
 
 def prune_expired(

@@ -210,3 +210,23 @@ def test_compare_smoke(tmp_path):
     except ImportError:
         return
     assert list(out.glob("*.png"))
+
+
+def test_meta_longlived_smoke():
+    r = _run(
+        [
+            sys.executable,
+            "benchmarks/meta_longlived.py",
+            "--rounds",
+            "2",
+            "--per-round",
+            "300",
+            "--ms-per-op",
+            "1000",
+        ],
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads(r.stdout)
+    assert len(doc["create_us"]) == 2 and all(us > 0 for us in doc["create_us"])
+    assert doc["last_vs_first"] > 0

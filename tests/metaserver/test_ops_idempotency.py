@@ -121,6 +121,58 @@ def test_results_past_the_retry_horizon_are_pruned_per_client(ns, clock):
     assert idem_keys(ns) == [keys.idempotent_key("client-a", 5), keys.idempotent_key("client-b", 1)]
 
 
+def test_pruning_seeks_to_the_first_kept_record(ns, monkeypatch):
+    """Each store's prune scan starts where the last one stopped, not at the client's range start."""
+    monkeypatch.setattr(idempotency, "WINDOW", 16)
+    mine = idempotency.client_prefix("client-a")
+    starts = []
+    scan = ns.engine.scan
+
+    def spying_scan(start, end, limit=None):
+        if start.startswith(mine):
+            starts.append(start)
+        return scan(start, end, limit)
+
+    monkeypatch.setattr(ns.engine, "scan", spying_scan)
+    for rid in range(1, 41):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/d{rid}"))
+    assert idem_keys(ns) == [keys.idempotent_key("client-a", r) for r in range(25, 41)]
+    assert starts[0] == mine  # no hint yet: the whole range
+    assert starts[-1] == keys.idempotent_key("client-a", 24)
+    # a namespace without hints (a restarted metaserver) scans the range once, then seeks
+    fresh = Namespace(ns.engine, chain_table=lambda: [1, 2, 3], clock=ns._clock)
+    starts.clear()
+    for rid in range(41, 44):
+        fresh.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/d{rid}"))
+    assert starts == [
+        mine,
+        keys.idempotent_key("client-a", 26),
+        keys.idempotent_key("client-a", 27),
+    ]
+    assert idem_keys(ns) == [keys.idempotent_key("client-a", r) for r in range(28, 44)]
+
+
+def test_prune_hints_only_advance_and_forget_idle_clients():
+    hints = idempotency.PruneHints(capacity=2)
+    hints.advance("a", 10)
+    hints.advance("a", 4)
+    assert hints.first("a") == 10
+    hints.advance("b", 3)
+    hints.advance("a", 11)  # a is now the most recent
+    hints.advance("c", 7)  # b is forgotten
+    assert (hints.first("a"), hints.first("b"), hints.first("c")) == (11, 0, 7)
+
+
+def test_pruning_a_record_at_the_largest_request_id(ns, clock):
+    top = idempotency.MAX_REQUEST_ID
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(top), path="/top"))
+    clock.now += idempotency.RETRY_HORIZON_NS + 1
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(5), path="/a"))
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(6), path="/b"))
+    assert keys.idempotent_key("client-a", top) not in idem_keys(ns)
+    assert keys.idempotent_key("client-a", 6) in idem_keys(ns)
+
+
 def test_expired_results_are_pruned(ns, clock):
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1), path="/old"))
     clock.now += idempotency.MAX_AGE_NS + 1
