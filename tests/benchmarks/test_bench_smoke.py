@@ -189,6 +189,8 @@ def test_compare_smoke(tmp_path):
     ):
         assert thr[key] > 0, key
     assert doc["peak_rss_bytes"]["emberfs_readinto"] > 0
+    # every replica of both files was read into the page cache before the rounds
+    assert doc["replica_bytes_warmed"] >= 3 * sum(doc["sizes"])
     for threads in (1, 8):
         m = doc[f"meta_{threads}"]
         for key in ("ping_per_s", "stat_per_s", "create_per_s", "rename_per_s", "list_calls_per_s"):
