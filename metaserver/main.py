@@ -40,6 +40,7 @@ log = logging.getLogger("emberfs.metaserver")
 GRPC_WORKERS = 32
 GC_SWEEP_INTERVAL = 10.0
 SESSION_SWEEP_INTERVAL = 5.0  # at most; shorter for short session timeouts
+RETRY_SWEEP_INTERVAL = 60.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -128,6 +129,7 @@ def _timeout_loop(
 ) -> None:
     since_sweep = 0.0
     since_sessions = 0.0
+    since_retry_sweep = 0.0
     while not stop.wait(interval):
         try:
             cluster.check_timeouts()
@@ -144,6 +146,13 @@ def _timeout_loop(
                 namespace.expire_sessions()
             except Exception:
                 log.exception("write session expiry failed")
+        since_retry_sweep += interval
+        if since_retry_sweep >= RETRY_SWEEP_INTERVAL:
+            since_retry_sweep = 0.0
+            try:
+                namespace.prune_retry_records()
+            except Exception:
+                log.exception("retry record sweep failed")
 
 
 def _start_admin(app, address: str):

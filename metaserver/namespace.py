@@ -54,7 +54,6 @@ from emberfs.metaserver.ops.context import Credentials, IdAllocator, NamespaceEn
 from emberfs.proto import common_pb2, meta_pb2
 
 ROOT_MODE = 0o777
-PRUNE_INTERVAL_NS = 60 * 10**9
 DEFAULT_SESSION_TIMEOUT = 300.0
 
 log = logging.getLogger(__name__)
@@ -128,9 +127,7 @@ class Namespace:
         )
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
-        self._prune_cursor: bytes | None = None
         self._hints = idempotency.PruneHints()
-        self._last_prune = clock()
         run_transaction(engine, self._make_root)
         self._by_type = self._scan_counts()
 
@@ -190,8 +187,6 @@ class Namespace:
             raise Unavailable("the namespace is too busy; retry") from None
         if last:
             self._count(last[0])
-        if method is not None:
-            self._maybe_prune()
         return response
 
     def _count(self, op: OpContext) -> None:
@@ -201,17 +196,25 @@ class Namespace:
                 for file_type, n in op.delta.items():
                     self._by_type[file_type] = self._by_type.get(file_type, 0) + n
 
-    def _maybe_prune(self) -> None:
-        now = self._clock()
-        if now - self._last_prune < PRUNE_INTERVAL_NS or not self._prune_lock.acquire(False):
-            return
-        try:
-            self._last_prune = now
-            self._prune_cursor = idempotency.prune_expired(
-                self.engine, now, start=self._prune_cursor
-            )
-        finally:
-            self._prune_lock.release()
+    def prune_retry_records(self, *, slice_records: int = 10000) -> int:
+        """Delete the retry records older than ``idempotency.MAX_AGE_NS``; the records seen.
+
+        Goes through the whole table in slices of ``slice_records``, each
+        deleted in its own batch. The metaserver calls it from its background
+        loop, off the request path (a slice over a table that per-client
+        pruning has filled with tombstones takes tens of milliseconds).
+        """
+        with self._prune_lock:
+            now = self._clock()
+            cursor = None
+            seen = 0
+            while True:
+                cursor, n = idempotency.prune_expired(
+                    self.engine, now, start=cursor, limit=slice_records
+                )
+                seen += n
+                if cursor is None:
+                    return seen
 
     # read-only calls --------------------------------------------------------
 

@@ -19,8 +19,9 @@ Records are pruned two ways:
   compaction, and a seek from the range's start would step over every record
   pruned since, making each store of a long-lived client slower than the last;
 - by age: :func:`prune_expired` deletes records older than
-  :data:`MAX_AGE_NS` (the namespace runs it in bounded slices every
-  minute), which covers clients that went away.
+  :data:`MAX_AGE_NS`, which covers clients that went away. The metaserver's
+  background loop runs it over the whole table, in bounded slices, every
+  minute (``Namespace.prune_retry_records``).
 """
 
 from __future__ import annotations
@@ -143,10 +144,11 @@ def prune_expired(
     max_age_ns: int = MAX_AGE_NS,
     start: bytes | None = None,
     limit: int = 10000,
-) -> bytes | None:
+) -> tuple[bytes | None, int]:
     """Delete records older than ``max_age_ns`` among ``limit`` records from ``start``.
 
-    Returns the key to resume from, or None once the end of the table was reached.
+    Returns the key to resume from (None once the end of the table was
+    reached) and the number of records looked at.
     """
     begin = start or keys.IDEMPOTENT
     doomed: set[bytes] = set()
@@ -160,5 +162,5 @@ def prune_expired(
     if doomed:
         engine.write({}, doomed)
     if seen < limit or last is None:
-        return None
-    return last + b"\x00"
+        return None, seen
+    return last + b"\x00", seen

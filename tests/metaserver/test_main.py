@@ -364,3 +364,38 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
         with_in_flight = dict(model)
         _namespace_model_apply(with_in_flight, in_flight)
         assert found == with_in_flight, "namespace differs from the acknowledged operations"
+
+
+def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
+    from emberfs.metaserver import main as meta_main
+
+    monkeypatch.setattr(meta_main, "RETRY_SWEEP_INTERVAL", 0.05)
+    sweeps = []
+    stop = threading.Event()
+
+    class Cluster:
+        def check_timeouts(self):
+            pass
+
+        def collect_gc(self):
+            pass
+
+    class Namespace:
+        def expire_sessions(self):
+            pass
+
+        def prune_retry_records(self):
+            sweeps.append(time.monotonic())
+            if len(sweeps) == 1:
+                raise RuntimeError("first sweep fails")
+            if len(sweeps) >= 3:
+                stop.set()
+            return 0
+
+    loop = threading.Thread(
+        target=meta_main._timeout_loop, args=(Cluster(), Namespace(), stop, 0.01, 1.0)
+    )
+    loop.start()
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+    assert len(sweeps) == 3

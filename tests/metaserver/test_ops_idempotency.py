@@ -176,16 +176,24 @@ def test_pruning_a_record_at_the_largest_request_id(ns, clock):
 def test_expired_results_are_pruned(ns, clock):
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1), path="/old"))
     clock.now += idempotency.MAX_AGE_NS + 1
-    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(2), path="/new"))  # also runs the periodic sweep
-    assert idem_keys(ns) == [keys.idempotent_key("client-a", 2)]
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1, "c3"), path="/new"))
+    assert keys.idempotent_key("client-a", 1) in idem_keys(ns)  # not on the request path
+    assert ns.prune_retry_records() == 2
+    assert idem_keys(ns) == [keys.idempotent_key("c3", 1)]
     # a sweep in slices resumes where it stopped
     for rid in range(3, 10):
         ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid, "c2"), path=f"/s{rid}"))
     clock.now += idempotency.MAX_AGE_NS + 1
-    cursor = idempotency.prune_expired(ns.engine, clock.now, limit=3)
-    assert cursor is not None
+    cursor, seen = idempotency.prune_expired(ns.engine, clock.now, limit=3)
+    assert cursor is not None and seen == 3
     while cursor is not None:
-        cursor = idempotency.prune_expired(ns.engine, clock.now, start=cursor, limit=3)
+        cursor, seen = idempotency.prune_expired(ns.engine, clock.now, start=cursor, limit=3)
+    assert idem_keys(ns) == []
+    # the namespace's sweep goes through the whole table in slices
+    for rid in range(10, 17):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid, "c4"), path=f"/t{rid}"))
+    clock.now += idempotency.MAX_AGE_NS + 1
+    assert ns.prune_retry_records(slice_records=2) == 7
     assert idem_keys(ns) == []
 
 
