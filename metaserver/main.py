@@ -127,32 +127,27 @@ def _timeout_loop(
     interval: float,
     session_interval: float,
 ) -> None:
-    since_sweep = 0.0
-    since_sessions = 0.0
-    since_retry_sweep = 0.0
+    """Every ``interval`` the chain timeouts; less often the GC, session and retry-record sweeps.
+
+    A job that fails is logged and runs again at its next turn.
+    """
+    jobs = [
+        (interval, cluster.check_timeouts, "cluster timeout check"),
+        (GC_SWEEP_INTERVAL, cluster.collect_gc, "garbage collection sweep"),
+        (session_interval, namespace.expire_sessions, "write session expiry"),
+        (RETRY_SWEEP_INTERVAL, namespace.prune_retry_records, "retry record sweep"),
+    ]
+    waited = [0.0] * len(jobs)
     while not stop.wait(interval):
-        try:
-            cluster.check_timeouts()
-            since_sweep += interval
-            if since_sweep >= GC_SWEEP_INTERVAL:
-                since_sweep = 0.0
-                cluster.collect_gc()
-        except Exception:
-            log.exception("cluster timeout check failed")
-        since_sessions += interval
-        if since_sessions >= session_interval:
-            since_sessions = 0.0
+        for i, (every, job, name) in enumerate(jobs):
+            waited[i] += interval
+            if waited[i] < every:
+                continue
+            waited[i] = 0.0
             try:
-                namespace.expire_sessions()
+                job()
             except Exception:
-                log.exception("write session expiry failed")
-        since_retry_sweep += interval
-        if since_retry_sweep >= RETRY_SWEEP_INTERVAL:
-            since_retry_sweep = 0.0
-            try:
-                namespace.prune_retry_records()
-            except Exception:
-                log.exception("retry record sweep failed")
+                log.exception("%s failed", name)
 
 
 def _start_admin(app, address: str):
