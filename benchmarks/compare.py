@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -42,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -144,6 +146,50 @@ def local_write_rate(path: Path, size: int, unit: int) -> float:
     elapsed = time.perf_counter() - started
     path.unlink()
     return size / elapsed
+
+
+def device_write_rate(where: Path, size: int, unit: int, writers: int = 3) -> float | None:
+    """Bytes per second of ``writers`` threads each writing ``size`` bytes with ``O_DIRECT``.
+
+    The disk's ceiling for what R = 3 asks of it when the three storage
+    servers share it: their chunk files are written with direct I/O too.
+    None where the file system refuses ``O_DIRECT``.
+    """
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    block = mmap.mmap(-1, unit)  # page aligned, as O_DIRECT needs
+    block.write(os.urandom(unit))
+    paths = [where / f"device-write-{i}.bin" for i in range(writers)]
+    failed: list[BaseException] = []
+
+    def write(path: Path) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o600)
+        except OSError as exc:
+            failed.append(exc)
+            return
+        try:
+            for offset in range(0, size - size % unit, unit):
+                os.pwrite(fd, block, offset)
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=write, args=(path,)) for path in paths]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    for path in paths:
+        path.unlink(missing_ok=True)
+    block.close()
+    if failed:
+        return None
+    return writers * (size - size % unit) / elapsed
 
 
 def warm_tree(root: Path) -> int:
@@ -255,6 +301,10 @@ def measure(args) -> dict:
         raw_tcp.warm(raw_file)
         log("local page-cache write rate")
         series.add("local_write", local_write_rate(workdir / "local-write.bin", small, chunk))
+        log("direct write rate of the disk, 3 writers")
+        device = device_write_rate(workdir, small, chunk)
+        if device is not None:
+            series.add("device_write", device)
         # Write back what the writes left dirty now, so the kernel's flusher
         # threads do not compete with the read rounds for the two CPUs.
         started = time.perf_counter()
@@ -367,6 +417,10 @@ def measure(args) -> dict:
         "stat_vs_ping_8": m8["stat_per_s"] / m8["ping_per_s"],
         "create_vs_ping_8": m8["create_per_s"] / m8["ping_per_s"],
     }
+    if "device_write" in med:  # the disk's share of what R = 3 asks of it
+        ratios["write_vs_device_over_3"] = med[f"write_{size_name(small)}"] / (
+            med["device_write"] / 3
+        )
     if use_seaweed:
         ratios["read_vs_s3fs"] = r("emberfs_read", "s3_read")
         ratios["cat_vs_s3fs"] = r("emberfs_cat", "s3_cat")
@@ -398,6 +452,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         "raw": "raw TCP ceiling (1 conn, sendfile -> recv_into)",
         "raw_fresh": "raw TCP into a fresh whole-file buffer",
         "local_write": "page-cache write, new file, 1 process",
+        "device_write": "disk O_DIRECT write, 3 writers (aggregate)",
         "emberfs_read": "EmberFS open().read() whole file",
         "emberfs_stream": "EmberFS read(4 MiB) loop",
         "emberfs_readinto": "EmberFS readinto(4 MiB buffer) loop",
@@ -455,6 +510,7 @@ def chart(doc: dict, path: Path) -> bool:
         ("s3_cat", "SeaweedFS s3fs cat_file"),
         ("http_read", "SeaweedFS HTTP read()"),
         ("local_write", "page-cache write"),
+        ("device_write", "disk direct write, 3 writers"),
     ]
     order += [(k, f"EmberFS write {k[6:]} R=3") for k in sorted(med) if k.startswith("write_")]
     order += [(k, f"EmberFS readinto {k[9:]}") for k in sorted(med) if k.startswith("readinto_")]
@@ -462,7 +518,7 @@ def chart(doc: dict, path: Path) -> bool:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 1]})
     colors = [
         "#888888"
-        if "raw" in lbl or "page-cache" in lbl
+        if "raw" in lbl or "page-cache" in lbl or "disk" in lbl
         else "#d9822b"
         if "Seaweed" in lbl
         else "#2b6cb0"

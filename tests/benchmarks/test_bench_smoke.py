@@ -178,6 +178,7 @@ def test_compare_smoke(tmp_path):
         "raw",
         "raw_fresh",
         "local_write",
+        "device_write",
         "emberfs_read",
         "emberfs_stream",
         "emberfs_readinto",
@@ -198,6 +199,7 @@ def test_compare_smoke(tmp_path):
     keys = {t["key"] for t in doc["targets"]}
     assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
     assert doc["ratios"]["read_vs_raw_fresh"] > 0
+    assert doc["ratios"]["write_vs_device_over_3"] > 0
     assert "ratios and targets" in r.stdout
     if have_seaweed:
         assert doc["seaweed"]["used"] is True
