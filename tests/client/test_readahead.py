@@ -45,13 +45,14 @@ def source():
         yield Source(os.urandom(20 * BS + 123), pool)
 
 
-def make(source, depth=4):
+def make(source, depth=4, start=None):
     return ReadaheadCache(
         BS,
         source.fetch,
         len(source.data),
         submit=source.submit,
         submit_into=source.submit_into,
+        start=start,
         depth=depth,
     )
 
@@ -165,15 +166,7 @@ def test_readinto_stream_receives_sent_blocks_in_place(source):
         sent.append(read)
         return read
 
-    cache = ReadaheadCache(
-        BS,
-        source.fetch,
-        len(source.data),
-        submit=source.submit,
-        submit_into=source.submit_into,
-        start=start,
-        depth=4,
-    )
+    cache = make(source, start=start)
     d = source.data
     out = bytearray()
     buf = bytearray(BS)
