@@ -184,6 +184,7 @@ def test_compare_smoke(tmp_path):
         "emberfs_readinto",
         "emberfs_cat",
         "emberfs_parallel4",
+        "write_first",
         "write_8MiB",
         "write_16MiB",
         "readinto_16MiB",
@@ -192,6 +193,9 @@ def test_compare_smoke(tmp_path):
     assert doc["peak_rss_bytes"]["emberfs_readinto"] > 0
     # every replica of both files was read into the page cache before the rounds
     assert doc["replica_bytes_warmed"] >= 3 * sum(doc["sizes"])
+    # ... and the first write's file was removed, with its chunks, before that
+    assert doc["replica_bytes_warmed"] < 3 * (sum(doc["sizes"]) + min(doc["sizes"]))
+    assert len(doc["samples"]["write_8MiB"]) == doc["repeat"]
     for threads in (1, 8):
         m = doc[f"meta_{threads}"]
         for key in ("ping_per_s", "stat_per_s", "create_per_s", "rename_per_s", "list_calls_per_s"):
