@@ -35,31 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """A byte count from ``"4MiB"``, ``"1G"``, ``"128k"`` or ``"4096"``.
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        The text is not a size.
-    """
-    t = str(text).strip().lower()
-    for suffix in ("ib", "b"):
-        if t.endswith(suffix):
-            t = t[: -len(suffix)]
-            break
-    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
-    number = t[: len(t) - len(unit)]
-    try:
-        value = int(float(number) * _UNITS[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"negative size: {text!r}")
-    return value
+from emberfs.common.units import parse_size
 
 
 def format_size(n: float) -> str:
