@@ -7,15 +7,25 @@ so no request string ever reaches a path.
 
 Every change is copy-on-write: a new version is written to a new file first,
 then the metadata record is switched to it, then the file it replaced is
-unlinked. Metadata therefore never points at a missing or half-written file,
-and a reader holding a descriptor of the old file (:meth:`ChunkStore.open_committed`)
-keeps reading the old version after a newer one commits.
+retired. Metadata therefore never points at a missing or half-written file,
+and a reader holding the old file (:meth:`ChunkStore.committed_file`) keeps
+reading the old version after a newer one commits.
+
+A retired file is kept as a spare under ``root/spare`` (up to ``spare_bytes``
+and ``MAX_SPARES`` per target) when no reader holds it, and a new version that
+fills at least half of the newest spare takes it, renames it into place and
+writes over it, cut to its new length; otherwise a retired file is unlinked.
+Writing over blocks a file already has skips the file system's allocation
+(and, on thin-provisioned or trimmed virtual disks, the device's): a direct
+write over written blocks ran at twice the rate of one to new blocks on the
+test machine's disk. A spare holds another chunk's bytes until it is
+written over, but never past its new length, and no record refers to it.
 
 A chunk holds at most one committed and one pending version (CRAQ): a write is
 staged as pending (:meth:`ChunkStore.stage`), then committed or aborted once
 the chain has answered. Reopening a store drops pending versions and deletes
-files that no record refers to, so after ``kill -9`` at any point a chunk reads
-back as its last committed version.
+files that no record refers to (spares are kept), so after ``kill -9`` at any
+point a chunk reads back as its last committed version.
 
 Durability: by default files are written without ``fsync`` and the RocksDB WAL
 is written but not synced. A killed process then loses nothing (the operating
@@ -42,6 +52,7 @@ runs under one lock, file I/O outside it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -50,7 +61,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +83,9 @@ _FORMAT = 1
 _RECORD = struct.Struct("<BQQIIQQII")
 _FILE_NAME = re.compile(r"([0-9a-f]{8})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
 _INODE_DIR = re.compile(r"[0-9a-f]{16}")
+_SPARE_NAME = re.compile(r"[0-9a-f]{1,16}")
+DEFAULT_SPARE_BYTES = 1 << 30  # retired chunk files kept for reuse, per target
+MAX_SPARES = 4096  # and at most this many of them
 _DIRECT_ALIGN = 4096  # buffer address, file offset and length of an O_DIRECT write
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _SCRATCH_MAX = 16 * 1024 * 1024  # largest aligned copy kept per thread
@@ -222,6 +236,9 @@ class ChunkStore:
         Write chunk files with ``O_DIRECT`` where the file system allows it
         (see the module notes); the store turns it off by itself on the
         first refusal.
+    spare_bytes : int, default DEFAULT_SPARE_BYTES
+        Bytes of retired chunk files kept to be written over by new versions
+        (see the module notes); 0 unlinks every retired file.
     """
 
     def __init__(
@@ -231,6 +248,7 @@ class ChunkStore:
         block_size: int = framing.DEFAULT_BLOCK,
         fsync: bool = False,
         direct_io: bool = True,
+        spare_bytes: int = DEFAULT_SPARE_BYTES,
     ):
         from rocksdict import Options, Rdict, WriteOptions
 
@@ -240,8 +258,13 @@ class ChunkStore:
         self.block_size = block_size
         self.fsync = fsync
         self.direct_io = bool(direct_io and _O_DIRECT)
+        if spare_bytes < 0:
+            raise ValueError("spare_bytes must not be negative")
+        self.spare_bytes = spare_bytes
         self._chunks_dir = self.root / "chunks"
         self._chunks_dir.mkdir(parents=True, exist_ok=True)
+        self._spare_dir = self.root / "spare"
+        self._spare_dir.mkdir(exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         self._db = Rdict(str(self.root / "meta"), opts)
@@ -251,6 +274,10 @@ class ChunkStore:
         self._used = 0
         self._count = 0
         self._next_fid = 1
+        self._spares: list[tuple[Path, int]] = []  # (path, size), newest last
+        self._spare_total = 0  # bytes in _spares and in renames under way
+        self._next_spare = 1
+        self._readers: dict[Path, int] = {}  # committed files held by committed_file()
         self._closed = False
         try:
             self._check_config()
@@ -347,6 +374,21 @@ class ChunkStore:
             except OSError:
                 pass  # not empty
         self._next_fid = max_fid + 1
+        self._adopt_spares()
+
+    def _adopt_spares(self) -> None:
+        """Keep the spares a previous run left, within ``spare_bytes``."""
+        for entry in sorted(os.scandir(self._spare_dir), key=lambda e: e.name):
+            if not (_SPARE_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)):
+                log.warning("%s: unexpected entry %s left alone", self.root, entry.path)
+                continue
+            self._next_spare = max(self._next_spare, int(entry.name, 16) + 1)
+            size = entry.stat(follow_symlinks=False).st_size
+            if self._spare_fits(size):
+                self._spares.append((Path(entry.path), size))
+                self._spare_total += size
+            else:
+                os.unlink(entry.path)
 
     # ------------------------------------------------------------------ helpers
 
@@ -374,28 +416,45 @@ class ChunkStore:
         )
 
     def _write_file(self, inode: int, index: int, version: int, data) -> tuple[Path, int]:
-        """Write ``data`` to a new file of the chunk; returns (path, file id)."""
+        """Write ``data`` to a new file of the chunk; returns (path, file id).
+
+        The newest spare is written over when ``data`` fills at least half of
+        it: cutting a spare much shorter would give most of its blocks back.
+        """
+        view = memoryview(data).cast("B")
         with self._lock:
             fid = self._next_fid
             self._next_fid += 1
+            spare = None
+            if self._spares and 2 * len(view) >= self._spares[-1][1]:
+                spare = self._spares.pop()
+                self._spare_total -= spare[1]
         path = self._path(inode, index, version, fid)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         new_dir = False
         for attempt in range(3):
             try:
-                fd = os.open(path, flags, 0o644)
+                if spare is not None:
+                    os.rename(spare[0], path)
+                    fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+                else:
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+                    fd = os.open(path, flags, 0o644)
                 break
             except FileNotFoundError:
                 if attempt == 2:
                     raise
+                if spare is not None and not spare[0].exists():
+                    spare = None  # gone (removed by hand): create the file instead
+                    continue
                 # first chunk of the inode here, or remove_inode just dropped the directory
                 path.parent.mkdir(exist_ok=True)
                 new_dir = True
         try:
-            view = memoryview(data).cast("B")
             written = self._write_direct(path, view) if self.direct_io else 0
             while written < len(view):
                 written += os.pwrite(fd, view[written:], written)
+            if spare is not None and spare[1] > len(view):
+                os.ftruncate(fd, len(view))  # nothing of the spare's old content past the end
             if self.fsync:
                 os.fsync(fd)
         except BaseException:
@@ -459,10 +518,42 @@ class ChunkStore:
         finally:
             os.close(fd)
 
-    def _unlink(self, paths: Iterable[tuple[Path, int]]) -> None:
-        """Unlink replaced files (after the metadata stopped referring to them)."""
+    def _spare_fits(self, size: int) -> bool:
+        """Whether a file of ``size`` bytes may be kept as a spare (empty ones have no blocks)."""
+        return (
+            size > 0
+            and len(self._spares) < MAX_SPARES
+            and self._spare_total + size <= self.spare_bytes
+        )
+
+    def _retire(self, paths: Iterable[tuple[Path, int]]) -> None:
+        """Keep replaced files as spares or unlink them (no record refers to them any more).
+
+        A file some reader still holds (:meth:`committed_file`) is unlinked,
+        never written over. No new reader can take it: readers open only the
+        file a record refers to, and the record was switched before.
+        """
         freed = 0
         for path, size in paths:
+            with self._lock:
+                keep = path not in self._readers and self._spare_fits(size)
+                if keep:
+                    self._spare_total += size
+                    spare = self._spare_dir / f"{self._next_spare:x}"
+                    self._next_spare += 1
+            if keep:
+                try:
+                    os.rename(path, spare)
+                except OSError as exc:
+                    with self._lock:
+                        self._spare_total -= size
+                    if isinstance(exc, FileNotFoundError):
+                        continue
+                else:
+                    with self._lock:
+                        self._spares.append((spare, size))
+                    freed += size
+                    continue
             try:
                 os.unlink(path)
                 freed += size
@@ -564,7 +655,7 @@ class ChunkStore:
                     rec.p_len, rec.p_sum, rec.p_crcs = len(content), checksum, crcs
                     self._put(key, rec)
                     meta = self._meta(inode, index, rec)
-            self._unlink(garbage)
+            self._retire(garbage)
             if rec is not None:
                 return meta
         raise VersionConflict(f"chunk {inode}:{index}: committed version kept changing")
@@ -577,11 +668,13 @@ class ChunkStore:
         rec = self._get(_KEY.pack(inode, index))
         return None if rec is None else self._meta(inode, index, rec)
 
-    def open_committed(self, inode: int, index: int) -> tuple[int, ChunkMeta]:
+    @contextlib.contextmanager
+    def committed_file(self, inode: int, index: int) -> Iterator[tuple[int, ChunkMeta]]:
         """A read-only descriptor of the committed version's file, and its metadata.
 
-        The caller closes the descriptor. It keeps reading the same version even
-        if a newer one commits meanwhile (the old file is only unlinked).
+        The descriptor is closed when the block ends. Until then it keeps
+        reading the same version even if a newer one commits meanwhile: the
+        file it holds is unlinked, never kept as a spare to be written over.
 
         Raises
         ------
@@ -595,7 +688,17 @@ class ChunkStore:
                 raise KeyError((inode, index))
             path = self._path(inode, index, rec.c_version, rec.c_fid)
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        return fd, self._meta(inode, index, rec)
+            self._readers[path] = self._readers.get(path, 0) + 1
+        try:
+            yield fd, self._meta(inode, index, rec)
+        finally:
+            os.close(fd)
+            with self._lock:
+                left = self._readers[path] - 1
+                if left:
+                    self._readers[path] = left
+                else:
+                    del self._readers[path]
 
     def read_committed(
         self, inode: int, index: int, offset: int = 0, length: int | None = None
@@ -606,14 +709,11 @@ class ChunkStore:
         """
         if offset < 0 or (length is not None and length < 0):
             raise ValueError("offset and length must not be negative")
-        fd, meta = self.open_committed(inode, index)
-        try:
+        with self.committed_file(inode, index) as (fd, meta):
             end = meta.length if length is None else min(meta.length, offset + length)
             if offset >= end:
                 return b"", meta
             return self._pread_all(fd, offset, end - offset), meta
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ updates
 
@@ -729,7 +829,7 @@ class ChunkStore:
         return self._stage_new(inode, index, version, build)
 
     def commit(self, inode: int, index: int, version: int) -> ChunkMeta:
-        """Make pending ``version`` the committed one; the replaced file is unlinked.
+        """Make pending ``version`` the committed one; the replaced file is retired.
 
         Committing the version that is already committed (and not pending)
         returns its metadata unchanged, so a repeated commit is harmless.
@@ -759,7 +859,7 @@ class ChunkStore:
             rec.drop_pending()
             self._put(key, rec)
             meta = self._meta(inode, index, rec)
-        self._unlink(garbage)
+        self._retire(garbage)
         return meta
 
     def abort(self, inode: int, index: int, version: int) -> None:
@@ -778,7 +878,7 @@ class ChunkStore:
             else:
                 self._db.delete(key, self._wopts)
                 self._count -= 1
-        self._unlink(garbage)
+        self._retire(garbage)
 
     def install(self, inode: int, index: int, version: int, data) -> bool:
         """Make ``data`` the committed content at ``version`` (a resync copy).
@@ -830,7 +930,7 @@ class ChunkStore:
                 rec.c_sum, rec.c_crcs = checksum, crcs
                 self._put(key, rec)
                 applied = True
-        self._unlink(garbage)
+        self._retire(garbage)
         return applied
 
     def remove(self, inode: int, index: int) -> bool:
@@ -848,7 +948,7 @@ class ChunkStore:
             garbage.append((self._path(inode, index, rec.c_version, rec.c_fid), rec.c_len))
         if rec.p_version:
             garbage.append((self._path(inode, index, rec.p_version, rec.p_fid), rec.p_len))
-        self._unlink(garbage)
+        self._retire(garbage)
         return True
 
     def remove_inode(self, inode: int, indices: Iterable[int] | None = None) -> int:
@@ -910,13 +1010,18 @@ class ChunkStore:
         return list(self._iter(inode, after, limit))
 
     def stats(self) -> dict:
-        """``{"capacity": bytes of the filesystem, "used": bytes of chunk files, "chunks": n}``."""
+        """``{"capacity": bytes of the filesystem, "used": bytes of chunk files, "chunks": n,
+        "spare": bytes of spare files}``.
+
+        Spares are not counted as used: new chunks write over them first.
+        """
         st = os.statvfs(self.root)
         with self._lock:
             return {
                 "capacity": st.f_blocks * st.f_frsize,
                 "used": self._used,
                 "chunks": self._count,
+                "spare": self._spare_total,
             }
 
     def close(self) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import mmap
-import os
 import socket
 import struct
 import threading
@@ -543,15 +542,16 @@ class DataServer:
             return
         store = stores[req.target_id]
         inode, index = req.chunk.inode, req.chunk.index
-        try:
-            fd, meta = store.open_committed(inode, index)
-        except KeyError:
-            plan = rp.plan_read(store.meta(inode, index), req.offset, req.length, store.block_size)
-            if isinstance(plan, rp.Reject):
-                self._error(conn, Op.READ, plan)
-                return
-            fd, meta = store.open_committed(inode, index)
-        try:
+        with contextlib.ExitStack() as stack:
+            try:
+                fd, meta = stack.enter_context(store.committed_file(inode, index))
+            except KeyError:
+                meta = store.meta(inode, index)
+                plan = rp.plan_read(meta, req.offset, req.length, store.block_size)
+                if isinstance(plan, rp.Reject):
+                    self._error(conn, Op.READ, plan)
+                    return
+                fd, meta = stack.enter_context(store.committed_file(inode, index))
             plan = rp.plan_read(meta, req.offset, req.length, store.block_size)
             if isinstance(plan, rp.Reject):
                 self._error(conn, Op.READ, plan)
@@ -576,8 +576,6 @@ class DataServer:
             finally:
                 conn.sock.settimeout(self.frame_timeout)
             self._count(req.target_id, read=plan.send_length)
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ writes
 

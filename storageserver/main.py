@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from emberfs.common.addresses import split_address
+from emberfs.common.units import parse_size
+from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES
 from emberfs.storageserver.metrics import start_metrics_server
 from emberfs.storageserver.node import MAX_TARGETS, Node
 
@@ -52,6 +54,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="write chunk files through the page cache instead of with O_DIRECT",
     )
+    p.add_argument(
+        "--spare-bytes",
+        type=parse_size,
+        default=DEFAULT_SPARE_BYTES,
+        help="replaced chunk files kept per target to be written over by new chunks "
+        "(default 1GiB; 0: unlink them)",
+    )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
     for opt in ("meta", "listen", "grpc_listen", "advertise", "metrics_listen"):
@@ -86,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=args.heartbeat_interval,
         fsync=args.fsync,
         direct_io=not args.buffered_io,
+        spare_bytes=args.spare_bytes,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.request_stop())

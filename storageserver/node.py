@@ -32,7 +32,7 @@ from emberfs.common.addresses import join_address, split_address
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
-from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES, ChunkStore
 from emberfs.storageserver.dataserver import DataServer
 from emberfs.storageserver.gc import run_gc_once
 from emberfs.storageserver.resync import sync_successor
@@ -99,6 +99,8 @@ class Node:
     direct_io : bool, default True
         Chunk stores write chunk files with ``O_DIRECT`` where the file
         system allows it.
+    spare_bytes : int, default chunkstore.DEFAULT_SPARE_BYTES
+        Bytes of replaced chunk files each target keeps to write new chunks over.
     background_interval : float, default 1.0
         Seconds between garbage-collection / resync rounds.
     """
@@ -116,6 +118,7 @@ class Node:
         heartbeat_interval: float = 0.5,
         fsync: bool = False,
         direct_io: bool = True,
+        spare_bytes: int = DEFAULT_SPARE_BYTES,
         background_interval: float = 1.0,
     ):
         if not 1 <= targets <= MAX_TARGETS:
@@ -130,6 +133,7 @@ class Node:
         self.heartbeat_interval = heartbeat_interval
         self.fsync = fsync
         self.direct_io = direct_io
+        self.spare_bytes = spare_bytes
         self.background_interval = background_interval
 
         self.node_id = ""
@@ -223,7 +227,10 @@ class Node:
         self.node_id = self._load_node_id()
         for k in range(1, self.n_targets + 1):
             store = ChunkStore(
-                self.data_dir / f"target-{k}", fsync=self.fsync, direct_io=self.direct_io
+                self.data_dir / f"target-{k}",
+                fsync=self.fsync,
+                direct_io=self.direct_io,
+                spare_bytes=self.spare_bytes,
             )
             self._local.append(store)
             self._target_ids.append(_read_int(store.root / "target_id"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import time
 
 import fsspec
 import pytest
@@ -118,6 +119,33 @@ def test_rm_single_and_recursive(fs, base):
     assert fs.ls(f"{base}/g", detail=False) == [f"{base}/g/y"]
     fs.rm_file(f"{base}/g/y")
     assert fs.ls(f"{base}/g") == []
+
+
+def test_removed_chunks_are_written_over_by_new_files(fs, base, cluster):
+    """The storage servers keep a removed file's chunk files and write new chunks over them."""
+    root = cluster.data_dir
+
+    def spares() -> set[int]:
+        return {p.stat().st_ino for p in root.glob("storage-*/target-*/spare/*")}
+
+    def chunk_files() -> set[int]:
+        return {p.stat().st_ino for p in root.glob("storage-*/target-*/chunks/*/*")}
+
+    first = os.urandom(3 * 4 * 1024 * 1024 + 123)
+    fs.pipe_file(f"{base}/first", first)
+    assert fs.info(f"{base}/first")["chunk_size"] == 4 * 1024 * 1024
+    kept = spares()
+    fs.rm(f"{base}/first")
+    deadline = time.monotonic() + 30
+    while len(spares() - kept) < 9:  # 3 chunks x 3 replicas, dropped by the GC
+        assert time.monotonic() < deadline, "the removed file's chunks were not kept as spares"
+        time.sleep(0.2)
+    retired = spares() - kept
+    second = os.urandom(len(first))
+    fs.pipe_file(f"{base}/second", second)
+    taken = retired - spares()
+    assert taken and taken <= chunk_files()
+    assert fs.cat_file(f"{base}/second") == second
 
 
 def test_mv_file_and_directory(fs, base):

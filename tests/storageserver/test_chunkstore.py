@@ -216,15 +216,122 @@ def test_remove_list_stats(store):
 def test_old_descriptor_reads_old_version_after_commit(store):
     old = os.urandom(3 * BS)
     write(store, 10, 0, 1, 0, old)
-    fd, meta = store.open_committed(10, 0)
-    try:
+    with store.committed_file(10, 0) as (fd, meta):
         write(store, 10, 0, 2, 0, os.urandom(3 * BS), full_chunk=True)
         store.stage(10, 0, 3, 0, b"z" * BS, chunk_size=CS)
         assert meta.version == 1
         assert os.pread(fd, meta.length, 0) == old
-    finally:
-        os.close(fd)
     assert len(chunk_files(store.root)) == 2  # committed v2 + pending v3
+
+
+def spare_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "spare").iterdir() if p.is_file())
+
+
+@pytest.mark.parametrize(
+    "fsync, direct_io",
+    [(False, True), (True, True), (False, False)],
+    ids=["direct", "fsync", "buffered"],
+)
+def test_retired_files_are_written_over_by_new_versions(tmp_path, fsync, direct_io):
+    with ChunkStore(tmp_path / "t", block_size=BS, fsync=fsync, direct_io=direct_io) as store:
+        first = os.urandom(CS)
+        write(store, 1, 0, 1, 0, first)
+        (v1,) = chunk_files(store.root)
+        v1_ino = v1.stat().st_ino
+        second = os.urandom(CS - 5)
+        write(store, 1, 0, 2, 0, second, full_chunk=True)
+        # the replaced file is kept, whole, as a spare: not counted as used
+        (spare,) = spare_files(store.root)
+        assert spare.stat().st_ino == v1_ino and spare.read_bytes() == first
+        assert store.stats()["spare"] == CS
+        assert store.stats()["used"] == len(second)
+        # the next new version is written over it and cut to its own length
+        shorter = os.urandom(CS * 2 // 3 + 11)
+        write(store, 2, 7, 1, 0, shorter)
+        assert spare_files(store.root) == []
+        assert store.stats()["spare"] == 0
+        (path,) = [p for p in chunk_files(store.root) if p.parent.name == f"{2:016x}"]
+        assert path.stat().st_ino == v1_ino
+        assert path.stat().st_size == len(shorter)
+        assert content(store, 2, 7) == shorter
+        assert content(store, 1, 0) == second
+        # a longer version grows the spare it takes
+        write(store, 1, 0, 3, 0, b"x", full_chunk=True)  # retires `second`
+        longer = os.urandom(CS)
+        write(store, 3, 0, 1, 0, longer)
+        assert content(store, 3, 0) == longer
+        assert store.stats()["used"] == sum(p.stat().st_size for p in chunk_files(store.root))
+
+
+def test_a_held_file_is_unlinked_never_written_over(store):
+    old = os.urandom(CS)
+    write(store, 10, 0, 1, 0, old)
+    with store.committed_file(10, 0) as (fd, meta):
+        write(store, 10, 0, 2, 0, os.urandom(CS), full_chunk=True)
+        assert os.fstat(fd).st_nlink == 0  # retired while held: unlinked, not a spare
+        assert spare_files(store.root) == []
+        for inode in range(11, 15):  # new chunks and more retired files around it
+            write(store, inode, 0, 1, 0, os.urandom(CS))
+            write(store, inode, 0, 2, 0, os.urandom(CS), full_chunk=True)
+        assert os.pread(fd, meta.length, 0) == old
+    assert len(spare_files(store.root)) >= 1
+
+
+def test_spares_are_bounded(tmp_path, monkeypatch):
+    from emberfs.storageserver import chunkstore
+
+    with ChunkStore(tmp_path / "a", block_size=BS, spare_bytes=2 * CS) as store:
+        for index in range(3):
+            write(store, 1, index, 1, 0, os.urandom(CS))
+        store.remove_inode(1)
+        assert len(spare_files(store.root)) == 2 and store.stats()["spare"] == 2 * CS
+        write(store, 2, 0, 1, 0, b"y")  # too short to take a spare
+        # a new version takes one spare, and the 1-byte file it replaced fits
+        write(store, 2, 0, 2, 0, os.urandom(CS // 2), full_chunk=True)
+        assert len(spare_files(store.root)) == 2 and store.stats()["spare"] == CS + 1
+        write(store, 2, 1, 1, 0, b"")
+        store.remove(2, 1)  # empty files have no blocks to reuse
+        assert len(spare_files(store.root)) == 2
+    with ChunkStore(tmp_path / "b", block_size=BS, spare_bytes=0) as store:
+        write(store, 1, 0, 1, 0, os.urandom(CS))
+        store.remove(1, 0)
+        assert spare_files(store.root) == [] and chunk_files(store.root) == []
+    monkeypatch.setattr(chunkstore, "MAX_SPARES", 2)
+    with ChunkStore(tmp_path / "c", block_size=BS) as store:
+        for index in range(5):
+            write(store, 1, index, 1, 0, b"tiny")
+        store.remove_inode(1)
+        assert len(spare_files(store.root)) == 2
+    with pytest.raises(ValueError):
+        ChunkStore(tmp_path / "d", spare_bytes=-1)
+
+
+def test_reopen_keeps_spares_within_the_bound(tmp_path):
+    root = tmp_path / "t"
+    with ChunkStore(root, block_size=BS) as store:
+        for index in range(3):
+            write(store, 4, index, 1, 0, os.urandom(CS))
+        store.remove_inode(4)
+    inodes = {p.stat().st_ino for p in spare_files(root)}
+    assert len(inodes) == 3
+    (root / "spare" / "notes.txt").write_text("left alone")
+    with ChunkStore(root, block_size=BS) as store:
+        assert store.stats()["spare"] == 3 * CS
+        data = os.urandom(CS)
+        write(store, 5, 0, 1, 0, data)
+        (path,) = chunk_files(root)
+        assert path.stat().st_ino in inodes and content(store, 5, 0) == data
+    with ChunkStore(root, block_size=BS, spare_bytes=CS) as store:
+        assert store.stats()["spare"] == CS
+        assert len([p for p in spare_files(root) if p.name != "notes.txt"]) == 1
+        # a spare removed by hand is not missed: the file is created instead
+        for p in spare_files(root):
+            if p.name != "notes.txt":
+                p.unlink()
+        write(store, 6, 0, 1, 0, b"fresh")
+        assert content(store, 6, 0) == b"fresh"
+    assert (root / "spare" / "notes.txt").read_text() == "left alone"
 
 
 def test_corrupted_file_is_caught_by_crcs(store):
@@ -300,8 +407,8 @@ def test_concurrent_writers(store):
             for v in range(1, 41):
                 store.stage(inode, v % 4, v // 4 + 1, (v * 997) % BS, os.urandom(BS), chunk_size=CS)
                 store.commit(inode, v % 4, v // 4 + 1)
-                fd, _ = store.open_committed(inode, v % 4)
-                os.close(fd)
+                with store.committed_file(inode, v % 4):
+                    pass
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
