@@ -185,6 +185,7 @@ def test_compare_smoke(tmp_path):
         "emberfs_cat",
         "emberfs_parallel4",
         "write_first",
+        "write_after_removal",
         "write_8MiB",
         "write_16MiB",
         "readinto_16MiB",
@@ -204,6 +205,7 @@ def test_compare_smoke(tmp_path):
     assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
     assert doc["ratios"]["read_vs_raw_fresh"] > 0
     assert doc["ratios"]["write_vs_device_over_3"] > 0
+    assert doc["ratios"]["write_after_removal_vs_raw"] > 0
     assert "ratios and targets" in r.stdout
     if have_seaweed:
         assert doc["seaweed"]["used"] is True
