@@ -9,6 +9,8 @@ whose commit syncs the WAL), ``Rename`` (a transaction moving one entry) and
 
 Each rate is measured with ``threads`` threads of one process sharing one
 channel; with one thread it is the latency-bound rate of a sequential client.
+The operations run in ten interleaved batches (ping, create, stat, rename,
+then again), so the load of a shared machine weighs on all of them alike.
 Run alone: ``python benchmarks/meta_rate.py --meta HOST:PORT``.
 """
 
@@ -22,17 +24,18 @@ import time
 import uuid
 from collections.abc import Callable
 
+ROUNDS = 10
 
-def _rate(threads: int, count: int, op: Callable[[int, int], None]) -> float:
-    """Operations per second of ``count`` calls ``op(thread, i)`` spread over threads."""
-    per = max(1, count // threads)
+
+def _timed(threads: int, first: int, per: int, op: Callable[[int, int], None]) -> float:
+    """Seconds for ``threads`` threads to call ``op(thread, i)`` for ``i`` in ``first..first+per``."""
     barrier = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
     def work(t: int) -> None:
         barrier.wait()
         try:
-            for i in range(per):
+            for i in range(first, first + per):
                 op(t, i)
         except BaseException as exc:
             errors.append(exc)
@@ -47,7 +50,7 @@ def _rate(threads: int, count: int, op: Callable[[int, int], None]) -> float:
     elapsed = time.perf_counter() - started
     if errors:
         raise errors[0]
-    return per * threads / elapsed
+    return elapsed
 
 
 def measure(meta: str, count: int = 2000, threads: int = 1, list_entries: int = 1000) -> dict:
@@ -79,10 +82,17 @@ def measure(meta: str, count: int = 2000, threads: int = 1, list_entries: int = 
             client.rename(f"{root}/t{t}/f{i}", f"{root}/t{t}/r{i}")
 
         out = {"threads": threads, "count": count}
-        out["ping_per_s"] = _rate(threads, count, ping)
-        out["create_per_s"] = _rate(threads, count, create)
-        out["stat_per_s"] = _rate(threads, count, stat)
-        out["rename_per_s"] = _rate(threads, count, rename)
+        # Interleaved batches, so that a slow moment of a shared machine weighs
+        # on Ping and on the operations alike instead of on one of them.
+        rounds = max(1, min(ROUNDS, count // threads))
+        per = max(1, count // (threads * rounds))
+        ops = {"ping": ping, "create": create, "stat": stat, "rename": rename}
+        seconds = dict.fromkeys(ops, 0.0)
+        for r in range(rounds):
+            for name, op in ops.items():
+                seconds[name] += _timed(threads, r * per, per, op)
+        for name in ops:
+            out[f"{name}_per_s"] = rounds * per * threads / seconds[name]
         listing = f"{root}/t0"
         n_entries = sum(1 for _ in client.list(listing))
         calls = max(5, min(200, 20000 // max(1, n_entries)))
