@@ -596,7 +596,7 @@ def chart(doc: dict, path: Path) -> bool:
     ax1.set_title("Throughput, one run, same machine")
     m = doc["meta_1"]
     ops = [
-        ("no-op gRPC", m["ping_per_s"]),
+        ("no-op\ngRPC", m["ping_per_s"]),
         ("stat", m["stat_per_s"]),
         ("create", m["create_per_s"]),
         ("rename", m["rename_per_s"]),
