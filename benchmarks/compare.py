@@ -20,7 +20,8 @@ it compares figures taken seconds apart on the same, possibly busy, machine):
   servers, R = 3), each figure from a fresh :mod:`reader` process that reports
   its peak RSS: sequential write (the first write of the fresh cluster is
   reported apart; the smaller file is then written ``--repeat`` times and the
-  median counts), ``open().read()`` of the whole file, ``read``
+  median counts; a write after a removal, over spare chunk files, is reported
+  beside it), ``open().read()`` of the whole file, ``read``
   of chunk-sized pieces, ``readinto`` of one chunk-sized buffer, ``cat_file``,
   ``readinto`` of every ``--sizes`` file, and 4 reader processes at once;
 * SeaweedFS 4.48 (``weed mini``, :mod:`seaweed`) with the same file read whole
@@ -523,7 +524,9 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         "write_first": "EmberFS first write on the fresh cluster",
         "write_after_removal": "EmberFS write after a removal (over spare files)",
     }
-    print("\nthroughput (median of rounds; ratios are medians of per-round ratios)", file=stream)
+    print(
+        "\nthroughput (median of rounds; read ratios are medians of per-round ratios)", file=stream
+    )
     for key in sorted(med, key=lambda k: (not k.startswith(("raw", "local")), k)):
         label = names.get(key, key.replace("_", " "))
         extra = f"  peak RSS {rss[key] / MiB:.0f} MiB" if key in rss else ""

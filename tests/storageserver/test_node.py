@@ -115,10 +115,11 @@ def test_register_persists_ids_and_restart_keeps_them(meta, nodes, tmp_path):
     assert node.routing.version == r.version
     node.stop()
     nodes.remove(node)
-    again = make_node(meta.address, tmp_path / "a", nodes, targets=2)
+    again = make_node(meta.address, tmp_path / "a", nodes, targets=2, spare_bytes=0)
     assert again.start()
     assert again.node_id == node.node_id and sorted(again.stores) == ids
     assert len(meta.routing().targets) == 2
+    assert all(store.spare_bytes == 0 for store in again.stores.values())
 
 
 def free_pair() -> int:
@@ -269,6 +270,8 @@ def test_restarted_node_is_resynced_and_serves_again(meta, nodes, tmp_path):
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:99999"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--targets", "0"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--heartbeat-interval", "0"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "lots"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "-1"],
     ],
 )
 def test_command_line_rejects_bad_arguments(argv, tmp_path, capsys):
@@ -278,6 +281,16 @@ def test_command_line_rejects_bad_arguments(argv, tmp_path, capsys):
         main(["--data-dir", str(tmp_path)] + argv)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_command_line_spare_bytes(tmp_path):
+    from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES
+    from emberfs.storageserver.main import parse_args
+
+    base = ["--data-dir", str(tmp_path), "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"]
+    assert parse_args(base).spare_bytes == DEFAULT_SPARE_BYTES
+    assert parse_args(base + ["--spare-bytes", "256MiB"]).spare_bytes == 256 << 20
+    assert parse_args(base + ["--spare-bytes", "0"]).spare_bytes == 0
 
 
 def test_storageserver_command_serves_metrics_and_exits_on_sigterm(meta, tmp_path):
