@@ -278,6 +278,53 @@ def test_a_held_file_is_unlinked_never_written_over(store):
     assert len(spare_files(store.root)) >= 1
 
 
+def test_readers_never_see_a_spare_written_over(store):
+    """Readers hold committed files while writers replace them and reuse spares."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    checked = [0]
+
+    def writer(inode: int) -> None:
+        try:
+            version = 1
+            while not stop.is_set():
+                for index in range(3):
+                    write(store, inode, index, version, 0, os.urandom(CS), full_chunk=True)
+                version += 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def reader(inode: int) -> None:
+        try:
+            while not stop.is_set():
+                for index in range(3):
+                    try:
+                        with store.committed_file(inode, index) as (fd, meta):
+                            time.sleep(0.001)  # a slow sendfile, while writers go on
+                            data = os.pread(fd, meta.length, 0)
+                    except KeyError:
+                        continue
+                    framing.verify(data, meta.crcs, store.block_size)
+                    checked[0] += 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in (1, 2)]
+    threads += [threading.Thread(target=reader, args=(i,)) for i in (1, 2, 1, 2)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors[0]
+    assert checked[0] > 50
+    # the writers kept many retired files as spares, and took them again:
+    # spare names are never reused, and the pool stayed small
+    assert store._next_spare > 20
+    assert len(spare_files(store.root)) <= 8
+
+
 def test_spares_are_bounded(tmp_path, monkeypatch):
     from emberfs.storageserver import chunkstore
 
