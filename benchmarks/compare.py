@@ -211,8 +211,7 @@ def warm_tree(root: Path) -> int:
 
 def remove_and_collect(meta: str, admin_url: str, paths: list[str], timeout: float = 120.0) -> None:
     """Remove ``paths`` from EmberFS and wait until every target has dropped their chunks."""
-    import urllib.request
-
+    from emberfs.cli.admin import AdminClient
     from emberfs.client.fs import EmberFileSystem
 
     fs = EmberFileSystem(meta=meta, skip_instance_cache=True)
@@ -221,10 +220,10 @@ def remove_and_collect(meta: str, admin_url: str, paths: list[str], timeout: flo
             fs.rm(path)
     finally:
         fs.close()
+    admin = AdminClient(admin_url)
     deadline = time.monotonic() + timeout
     while True:
-        with urllib.request.urlopen(f"{admin_url}/api/v1/gc", timeout=10) as resp:
-            items = json.load(resp)
+        items = admin.get("/api/v1/gc")
         if not any(item["waiting"] for item in items):
             return
         if time.monotonic() > deadline:
