@@ -32,6 +32,7 @@ from emberfs.client.file import (
     result_buffer,
     wait_all,
 )
+from emberfs.client.memory import keep_freed_memory
 from emberfs.client.meta import MetaClient, RequestIds
 from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.routing import RoutingCache
@@ -129,6 +130,13 @@ class EmberFileSystem(AbstractFileSystem):
         Seconds between lease renewals of the write sessions of open files
         (one ``RenewSessions`` call per process for all of them). Keep it
         well below the metaserver's ``--session-timeout`` (default 300 s).
+    keep_memory : bool, default False
+        Keep freed memory in this process (glibc's malloc only; process-wide,
+        see :func:`emberfs.client.memory.keep_freed_memory`), so that every
+        whole-file ``read()`` or ``cat_file`` after the first reuses pages
+        the process already has instead of faulting in new ones. For
+        long-lived loader processes that read whole large files; the
+        process's resident memory then stays at its peak.
     """
 
     protocol = _PROTOCOLS
@@ -149,6 +157,7 @@ class EmberFileSystem(AbstractFileSystem):
     auto_mkdir = True
     list_page = 2000
     session_renew_interval = 60.0
+    keep_memory = False
 
     _OPTIONS = (
         "readahead_depth",
@@ -165,6 +174,7 @@ class EmberFileSystem(AbstractFileSystem):
         "auto_mkdir",
         "list_page",
         "session_renew_interval",
+        "keep_memory",
     )
 
     def __init__(self, meta: str | None = None, **kwargs) -> None:
@@ -174,6 +184,8 @@ class EmberFileSystem(AbstractFileSystem):
         for name, value in options.items():
             setattr(self, name, value)
         self.blocksize = self.default_block_size
+        if self.keep_memory:
+            keep_freed_memory()
         self._rt: _Runtime | None = None
         self._rt_lock = threading.Lock()
         self._rt_lock_pid = os.getpid()
