@@ -24,6 +24,9 @@ it compares figures taken seconds apart on the same, possibly busy, machine):
   beside it), ``open().read()`` of the whole file, ``read``
   of chunk-sized pieces, ``readinto`` of one chunk-sized buffer, ``cat_file``,
   ``readinto`` of every ``--sizes`` file, and 4 reader processes at once;
+  whole-file ``read()`` and ``cat_file`` are also measured as the second
+  result of a process with ``keep_memory=True`` (a long-lived loader's steady
+  state: the result reuses the first one's memory instead of fresh pages);
 * SeaweedFS 4.48 (``weed mini``, :mod:`seaweed`) with the same file read whole
   and in pieces through s3fs (S3 gateway) and fsspec's HTTP filesystem (filer);
 * metadata (:mod:`meta_rate`): stat, create, rename and list rates beside the
@@ -399,6 +402,13 @@ def measure(args) -> dict:
                     "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk)
                 )
                 series.add(f"emberfs_{mode}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+            # a long-lived loader's second whole-file result, reusing the first's memory
+            for mode in ("read", "cat"):
+                r = run_reader(
+                    "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk),
+                    "--passes", "2", "--keep-memory",
+                )  # fmt: skip
+                series.add(f"emberfs_{mode}_kept", r["bytes_per_s"], rss=r["maxrss_bytes"])
             for size in sizes:
                 if size == small:
                     continue
@@ -463,6 +473,8 @@ def measure(args) -> dict:
         "cat_vs_raw": r("emberfs_cat", "raw"),
         "read_vs_raw_fresh": r("emberfs_read", "raw_fresh"),
         "cat_vs_raw_fresh": r("emberfs_cat", "raw_fresh"),
+        "read_kept_vs_raw": r("emberfs_read_kept", "raw"),
+        "cat_kept_vs_raw": r("emberfs_cat_kept", "raw"),
         # the writes and the raw ceiling are measured in different rounds
         "write_vs_raw": med[f"write_{size_name(small)}"] / med["raw"],
         "write_first_vs_raw": med["write_first"] / med["raw"],
@@ -518,6 +530,8 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         "emberfs_stream": "EmberFS read(4 MiB) loop",
         "emberfs_readinto": "EmberFS readinto(4 MiB buffer) loop",
         "emberfs_cat": "EmberFS cat_file",
+        "emberfs_read_kept": "EmberFS open().read(), 2nd file, keep_memory",
+        "emberfs_cat_kept": "EmberFS cat_file, 2nd file, keep_memory",
         "emberfs_parallel4": "EmberFS 4 reader processes (aggregate)",
         "seaweed_upload": "SeaweedFS upload via s3fs",
         "write_first": "EmberFS first write on the fresh cluster",
@@ -570,6 +584,8 @@ def chart(doc: dict, path: Path) -> bool:
         ("emberfs_readinto", "EmberFS readinto"),
         ("emberfs_stream", "EmberFS read(4M) loop"),
         ("emberfs_cat", "EmberFS cat_file"),
+        ("emberfs_read_kept", "EmberFS read(), keep_memory, 2nd"),
+        ("emberfs_cat_kept", "EmberFS cat_file, keep_memory, 2nd"),
         ("emberfs_parallel4", "EmberFS 4 processes"),
         ("s3_read", "SeaweedFS s3fs read()"),
         ("s3_cat", "SeaweedFS s3fs cat_file"),

@@ -15,6 +15,10 @@ Backends and modes:
   filesystem): ``read``, ``stream``, ``cat``.
 
 ``--start-at`` (a ``time.time()`` value) makes several processes begin together.
+``--passes N`` repeats the transfer N times in the same process and reports the
+last (every pass's rate is in ``pass_bytes_per_s``): with ``--keep-memory``
+(EmberFS's ``keep_memory=True``) that is the steady state of a long-lived
+loader whose whole-file results reuse the memory of the ones before.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ def _filesystem(args):
     if args.backend == "emberfs":
         from emberfs.client.fs import EmberFileSystem
 
-        return EmberFileSystem(meta=args.meta, skip_instance_cache=True)
+        return EmberFileSystem(
+            meta=args.meta, skip_instance_cache=True, keep_memory=args.keep_memory
+        )
     if args.backend == "s3":
         import s3fs
 
@@ -72,16 +78,8 @@ def _path(args) -> str:
     return args.path
 
 
-def run(args) -> dict:
-    """Run the measurement described by ``args``; returns the report."""
-    fs = _filesystem(args)
-    path = _path(args)
-    if args.mode != "write":
-        fs.info(path)  # connections and routing up before the clock starts
-    if args.start_at:
-        time.sleep(max(0.0, args.start_at - time.time()))
-    started_wall = time.time()
-    started = time.perf_counter()
+def _one_pass(fs, path: str, args) -> int:
+    """One timed transfer of ``args.mode``; the bytes it moved."""
     moved = 0
     if args.mode == "read":
         with fs.open(path, "rb") as f:
@@ -119,14 +117,32 @@ def run(args) -> dict:
                 moved += len(piece)
     else:
         raise ValueError(f"unknown mode {args.mode!r}")
-    seconds = time.perf_counter() - started
+    return moved
+
+
+def run(args) -> dict:
+    """Run the measurement described by ``args``; returns the report."""
+    fs = _filesystem(args)
+    path = _path(args)
+    if args.mode != "write":
+        fs.info(path)  # connections and routing up before the clock starts
+    if args.start_at:
+        time.sleep(max(0.0, args.start_at - time.time()))
+    rates = []
+    for _ in range(args.passes):
+        started_wall = time.time()
+        started = time.perf_counter()
+        moved = _one_pass(fs, path, args)
+        seconds = time.perf_counter() - started
+        rates.append(moved / seconds if seconds > 0 else 0.0)
     return {
         "backend": args.backend,
         "mode": args.mode,
         "path": args.path,
         "bytes": moved,
         "seconds": seconds,
-        "bytes_per_s": moved / seconds if seconds > 0 else 0.0,
+        "bytes_per_s": rates[-1],
+        "pass_bytes_per_s": rates,
         "started": started_wall,
         "ended": started_wall + seconds,
         "maxrss_bytes": peak_rss(),
@@ -143,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unit", type=int, default=4 << 20, help="bytes per read/write call")
     p.add_argument("--size", type=int, default=0, help="bytes to write (mode write)")
     p.add_argument("--start-at", type=float, default=0.0)
+    p.add_argument("--passes", type=int, default=1, help="transfers in a row; the last is reported")
+    p.add_argument(
+        "--keep-memory", action="store_true", help="EmberFS keep_memory=True (freed memory reused)"
+    )
     args = p.parse_args(argv)
+    if args.passes < 1:
+        p.error("--passes must be >= 1")
     print(json.dumps(run(args)), flush=True)
     return 0
 

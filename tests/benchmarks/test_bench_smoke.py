@@ -152,6 +152,41 @@ def test_emberfs_bench_unreachable_metaserver_exits_3():
     assert "cannot reach" in r.stderr
 
 
+@pytest.mark.parametrize("mode", ["read", "cat"])
+def test_reader_passes_report_every_pass(cluster, mode):
+    from emberfs.client.fs import EmberFileSystem
+
+    fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
+    path = f"/reader-passes-{mode}"
+    fs.pipe_file(path, os.urandom(3 << 20))
+    try:
+        r = _run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "reader.py"),
+                "--meta",
+                cluster.meta_address,
+                "--path",
+                path,
+                "--mode",
+                mode,
+                "--passes",
+                "3",
+                "--keep-memory",
+            ],
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        report = json.loads(r.stdout.strip().splitlines()[-1])
+        assert report["bytes"] == 3 << 20
+        assert len(report["pass_bytes_per_s"]) == 3
+        assert all(rate > 0 for rate in report["pass_bytes_per_s"])
+        assert report["bytes_per_s"] == report["pass_bytes_per_s"][-1]
+    finally:
+        fs.rm(path)
+        fs.close()
+
+
 def test_compare_smoke(tmp_path):
     out = tmp_path / "results"
     argv = [
@@ -183,6 +218,8 @@ def test_compare_smoke(tmp_path):
         "emberfs_stream",
         "emberfs_readinto",
         "emberfs_cat",
+        "emberfs_read_kept",
+        "emberfs_cat_kept",
         "emberfs_parallel4",
         "write_first",
         "write_after_removal",
@@ -204,6 +241,7 @@ def test_compare_smoke(tmp_path):
     keys = {t["key"] for t in doc["targets"]}
     assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
     assert doc["ratios"]["read_vs_raw_fresh"] > 0
+    assert doc["ratios"]["read_kept_vs_raw"] > 0 and doc["ratios"]["cat_kept_vs_raw"] > 0
     assert doc["ratios"]["write_vs_device_over_3"] > 0
     assert doc["ratios"]["write_after_removal_vs_raw"] > 0
     assert "ratios and targets" in r.stdout
