@@ -12,8 +12,9 @@ ceiling again and each ratio is the median of the ratios of single rounds, so
 it compares figures taken seconds apart on the same, possibly busy, machine):
 
 * the raw ceiling (:mod:`raw_tcp`): one loopback TCP connection, ``os.sendfile``
-  from a page-cached file, ``recv_into`` a preallocated buffer, requests of the
-  chunk size;
+  from a page-cached file, ``recv_into`` a preallocated ``bytearray`` (as the
+  ``readinto`` reader uses), requests of the chunk size; beside it the same
+  into a page-aligned buffer and into a fresh whole-file buffer;
 * the local page-cache write rate (one process writing a new file), the
   ceiling of every replica's write;
 * EmberFS on a :class:`~emberfs.cli.localcluster.LocalCluster` (3 storage
@@ -397,6 +398,7 @@ def measure(args) -> dict:
                 series.recording = True
             series.add("raw", raw_tcp.measure(raw_file, chunk))
             series.add("raw_fresh", raw_tcp.measure(raw_file, chunk, fresh=True))
+            series.add("raw_aligned", raw_tcp.measure(raw_file, chunk, aligned=True))
             for mode in ("read", "stream", "readinto", "cat"):
                 r = run_reader(
                     "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk)
@@ -469,6 +471,7 @@ def measure(args) -> dict:
     ratios = {
         "read_vs_raw": r("emberfs_read", "raw"),
         "readinto_vs_raw": r("emberfs_readinto", "raw"),
+        "readinto_vs_raw_aligned": r("emberfs_readinto", "raw_aligned"),
         "stream_vs_raw": r("emberfs_stream", "raw"),
         "cat_vs_raw": r("emberfs_cat", "raw"),
         "read_vs_raw_fresh": r("emberfs_read", "raw_fresh"),
@@ -524,6 +527,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
     names = {
         "raw": "raw TCP ceiling (1 conn, sendfile -> recv_into)",
         "raw_fresh": "raw TCP into a fresh whole-file buffer",
+        "raw_aligned": "raw TCP into a page-aligned 4 MiB buffer",
         "local_write": "page-cache write, new file, 1 process",
         "device_write": "disk O_DIRECT write, 3 writers (aggregate)",
         "emberfs_read": "EmberFS open().read() whole file",
@@ -580,6 +584,7 @@ def chart(doc: dict, path: Path) -> bool:
     order = [
         ("raw", "raw TCP ceiling"),
         ("raw_fresh", "raw TCP, fresh whole-file buffer"),
+        ("raw_aligned", "raw TCP, page-aligned buffer"),
         ("emberfs_read", "EmberFS read()"),
         ("emberfs_readinto", "EmberFS readinto"),
         ("emberfs_stream", "EmberFS read(4M) loop"),

@@ -6,6 +6,12 @@ A server process answers each 16-byte request ``(offset u64, length u64)`` with
 This is what the framed protocol of EmberFS does without framing, checksums,
 metadata, chains or threads, so it is the figure EmberFS is measured against.
 
+The buffer is a ``bytearray``, as the comparison's ``readinto`` reader uses;
+a large one starts 16 bytes past a page boundary (malloc's chunk header). With
+``aligned`` it is a page-aligned anonymous mapping instead: on some CPUs the
+kernel's copy into a destination 8-24 bytes past a 64-byte line is markedly
+slower (``docs/performance.md``).
+
 With ``fresh`` the client instead receives each pass into a new whole-file
 buffer that nothing touched before (an anonymous mapping, as a large ``bytes``
 result is): the ceiling of a whole-file read, which also pays the first touch
@@ -97,11 +103,14 @@ def serve(path: str) -> None:
         os.close(fd)
 
 
-def measure(path: Path, request_size: int, passes: int = 1, fresh: bool = False) -> float:
+def measure(
+    path: Path, request_size: int, passes: int = 1, fresh: bool = False, aligned: bool = False
+) -> float:
     """Bytes per second of reading the whole file ``passes`` times over one connection.
 
     ``fresh``: every pass receives into a new untouched buffer of the file's size
-    instead of reusing one ``request_size`` buffer.
+    instead of reusing one ``request_size`` buffer. ``aligned``: the reused
+    buffer is page aligned instead of a ``bytearray``.
     """
     size = path.stat().st_size
     server = subprocess.Popen(
@@ -113,7 +122,7 @@ def measure(path: Path, request_size: int, passes: int = 1, fresh: bool = False)
         port = int(server.stdout.readline())
         sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buf = bytearray(request_size)
+        buf = mmap.mmap(-1, request_size) if aligned else bytearray(request_size)
         view = memoryview(buf)
         started = time.perf_counter()
         total = 0
@@ -157,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fresh", action="store_true", help="receive each pass into a new whole-file buffer"
     )
+    parser.add_argument("--aligned", action="store_true", help="receive into a page-aligned buffer")
     parser.add_argument("--dir", default=None, help="where the file goes (default: a temp dir)")
     parser.add_argument("--serve", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -166,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = make_file(Path(tmp) / "raw.bin", parse_size(args.size))
         warm(path)
-        rate = measure(path, parse_size(args.request), args.passes, fresh=args.fresh)
+        rate = measure(
+            path, parse_size(args.request), args.passes, fresh=args.fresh, aligned=args.aligned
+        )
     print(json.dumps({"raw_tcp_bytes_per_s": rate, "gb_per_s": rate / 1e9}))
     return 0
 

@@ -212,6 +212,7 @@ def test_compare_smoke(tmp_path):
     for key in (
         "raw",
         "raw_fresh",
+        "raw_aligned",
         "local_write",
         "device_write",
         "emberfs_read",
@@ -241,6 +242,7 @@ def test_compare_smoke(tmp_path):
     keys = {t["key"] for t in doc["targets"]}
     assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
     assert doc["ratios"]["read_vs_raw_fresh"] > 0
+    assert doc["ratios"]["readinto_vs_raw_aligned"] > 0
     assert doc["ratios"]["read_kept_vs_raw"] > 0 and doc["ratios"]["cat_kept_vs_raw"] > 0
     assert doc["ratios"]["write_vs_device_over_3"] > 0
     assert doc["ratios"]["write_after_removal_vs_raw"] > 0
