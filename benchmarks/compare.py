@@ -24,7 +24,8 @@ it compares figures taken seconds apart on the same, possibly busy, machine):
   median counts; a write after a removal, over spare chunk files, is reported
   beside it), ``open().read()`` of the whole file, ``read``
   of chunk-sized pieces, ``readinto`` of one chunk-sized buffer, ``cat_file``,
-  ``readinto`` of every ``--sizes`` file, and 4 reader processes at once;
+  ``readinto`` of every ``--sizes`` file, ``readinto`` of a page-aligned
+  buffer (beside the raw transfer into one), and 4 reader processes at once;
   whole-file ``read()`` and ``cat_file`` are also measured as the second
   result of a process with ``keep_memory=True`` (a long-lived loader's steady
   state: the result reuses the first one's memory instead of fresh pages);
@@ -404,6 +405,11 @@ def measure(args) -> dict:
                     "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk)
                 )
                 series.add(f"emberfs_{mode}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+            r = run_reader(
+                "--meta", meta, "--path", emb_small, "--mode", "readinto", "--unit", str(chunk),
+                "--aligned",
+            )  # fmt: skip
+            series.add("emberfs_readinto_aligned", r["bytes_per_s"], rss=r["maxrss_bytes"])
             # a long-lived loader's second whole-file result, reusing the first's memory
             for mode in ("read", "cat"):
                 r = run_reader(
@@ -471,6 +477,7 @@ def measure(args) -> dict:
     ratios = {
         "read_vs_raw": r("emberfs_read", "raw"),
         "readinto_vs_raw": r("emberfs_readinto", "raw"),
+        "readinto_aligned_vs_raw_aligned": r("emberfs_readinto_aligned", "raw_aligned"),
         "readinto_vs_raw_aligned": r("emberfs_readinto", "raw_aligned"),
         "stream_vs_raw": r("emberfs_stream", "raw"),
         "cat_vs_raw": r("emberfs_cat", "raw"),
@@ -533,6 +540,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         "emberfs_read": "EmberFS open().read() whole file",
         "emberfs_stream": "EmberFS read(4 MiB) loop",
         "emberfs_readinto": "EmberFS readinto(4 MiB buffer) loop",
+        "emberfs_readinto_aligned": "EmberFS readinto(page-aligned 4 MiB) loop",
         "emberfs_cat": "EmberFS cat_file",
         "emberfs_read_kept": "EmberFS open().read(), 2nd file, keep_memory",
         "emberfs_cat_kept": "EmberFS cat_file, 2nd file, keep_memory",
@@ -587,6 +595,7 @@ def chart(doc: dict, path: Path) -> bool:
         ("raw_aligned", "raw TCP, page-aligned buffer"),
         ("emberfs_read", "EmberFS read()"),
         ("emberfs_readinto", "EmberFS readinto"),
+        ("emberfs_readinto_aligned", "EmberFS readinto, aligned buffer"),
         ("emberfs_stream", "EmberFS read(4M) loop"),
         ("emberfs_cat", "EmberFS cat_file"),
         ("emberfs_read_kept", "EmberFS read(), keep_memory, 2nd"),

@@ -15,6 +15,8 @@ Backends and modes:
   filesystem): ``read``, ``stream``, ``cat``.
 
 ``--start-at`` (a ``time.time()`` value) makes several processes begin together.
+``--aligned`` makes ``readinto``'s buffer a page-aligned mapping instead of a
+``bytearray`` (which starts 16 bytes past a page).
 ``--passes N`` repeats the transfer N times in the same process and reports the
 last (every pass's rate is in ``pass_bytes_per_s``): with ``--keep-memory``
 (EmberFS's ``keep_memory=True``) that is the steady state of a long-lived
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import resource
 import sys
@@ -95,7 +98,7 @@ def _one_pass(fs, path: str, args) -> int:
                 moved += len(data)
         del data
     elif args.mode == "readinto":
-        buf = bytearray(args.unit)
+        buf = mmap.mmap(-1, args.unit) if args.aligned else bytearray(args.unit)
         with fs.open(path, "rb") as f:
             while True:
                 n = f.readinto(buf)
@@ -162,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", type=int, default=1, help="transfers in a row; the last is reported")
     p.add_argument(
         "--keep-memory", action="store_true", help="EmberFS keep_memory=True (freed memory reused)"
+    )
+    p.add_argument(
+        "--aligned", action="store_true", help="readinto a page-aligned buffer, not a bytearray"
     )
     args = p.parse_args(argv)
     if args.passes < 1:

@@ -152,8 +152,10 @@ def test_emberfs_bench_unreachable_metaserver_exits_3():
     assert "cannot reach" in r.stderr
 
 
-@pytest.mark.parametrize("mode", ["read", "cat"])
-def test_reader_passes_report_every_pass(cluster, mode):
+@pytest.mark.parametrize(
+    "mode, option", [("read", "--keep-memory"), ("cat", "--keep-memory"), ("readinto", "--aligned")]
+)
+def test_reader_passes_report_every_pass(cluster, mode, option):
     from emberfs.client.fs import EmberFileSystem
 
     fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
@@ -172,7 +174,7 @@ def test_reader_passes_report_every_pass(cluster, mode):
                 mode,
                 "--passes",
                 "3",
-                "--keep-memory",
+                option,
             ],
             timeout=120,
         )
@@ -218,6 +220,7 @@ def test_compare_smoke(tmp_path):
         "emberfs_read",
         "emberfs_stream",
         "emberfs_readinto",
+        "emberfs_readinto_aligned",
         "emberfs_cat",
         "emberfs_read_kept",
         "emberfs_cat_kept",
@@ -243,6 +246,7 @@ def test_compare_smoke(tmp_path):
     assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
     assert doc["ratios"]["read_vs_raw_fresh"] > 0
     assert doc["ratios"]["readinto_vs_raw_aligned"] > 0
+    assert doc["ratios"]["readinto_aligned_vs_raw_aligned"] > 0
     assert doc["ratios"]["read_kept_vs_raw"] > 0 and doc["ratios"]["cat_kept_vs_raw"] > 0
     assert doc["ratios"]["write_vs_device_over_3"] > 0
     assert doc["ratios"]["write_after_removal_vs_raw"] > 0
