@@ -5,8 +5,8 @@ malloc serves every allocation above its mmap threshold (at most 32 MiB) with a
 fresh anonymous mapping and unmaps it when the object is freed, so every
 large result is written into pages that the process has never touched. On a
 virtual machine whose host takes back the guest's free memory, that first
-touch costs more than the copy into the page (``docs/performance.md``: 0.3-0.9
-GB/s against 7-10 GB/s for a page the process already has).
+touch costs more than the copy into the page (``docs/performance.md``: a new
+1 GiB result filled at 0.3-0.6 GB/s, one in memory the process kept at 7-10 GB/s).
 
 :func:`keep_freed_memory` sets the process's malloc so that large allocations
 come from its heap and freed heap memory stays in the process, so a loader's

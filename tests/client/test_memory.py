@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -70,8 +71,6 @@ def run_child(cluster, path: str, keep: bool) -> dict:
     reason="keep_memory sets glibc's malloc",
 )
 def test_keep_memory_serves_results_from_the_heap_and_keeps_it(cluster, fs, base):
-    import hashlib
-
     payload = os.urandom(SIZE)
     fs.pipe_file(f"{base}/big", payload)
     want = hashlib.sha256(payload).hexdigest()
