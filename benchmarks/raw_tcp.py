@@ -9,8 +9,8 @@ metadata, chains or threads, so it is the figure EmberFS is measured against.
 The buffer is a ``bytearray``, as the comparison's ``readinto`` reader uses;
 a large one starts 16 bytes past a page boundary (malloc's chunk header). With
 ``aligned`` it is a page-aligned anonymous mapping instead: on some CPUs the
-kernel's copy into a destination 8-24 bytes past a 64-byte line is markedly
-slower (``docs/performance.md``).
+kernel's copy is markedly slower when the destination sits 8-24 bytes further
+into its 64-byte line than the source (``docs/performance.md``).
 
 With ``fresh`` the client instead receives each pass into a new whole-file
 buffer that nothing touched before (an anonymous mapping, as a large ``bytes``
