@@ -326,6 +326,14 @@ def measure(args) -> dict:
                 "--unit", str(chunk),
             )  # fmt: skip
 
+        def ember_read(key: str, mode: str, *extra: str, path: str | None = None) -> None:
+            """One EmberFS reader process (the smaller file by default), recorded as ``key``."""
+            r = run_reader(
+                "--meta", meta, "--path", path or emb_small, "--mode", mode,
+                "--unit", str(chunk), *extra,
+            )  # fmt: skip
+            series.add(key, r["bytes_per_s"], rss=r["maxrss_bytes"])
+
         # The first write of a fresh cluster also pays for starting up: new
         # connections and their buffers, the servers' first calls, memory no
         # process has touched yet. It is reported apart (write_first); the
@@ -401,36 +409,15 @@ def measure(args) -> dict:
             series.add("raw_fresh", raw_tcp.measure(raw_file, chunk, fresh=True))
             series.add("raw_aligned", raw_tcp.measure(raw_file, chunk, aligned=True))
             for mode in ("read", "stream", "readinto", "cat"):
-                r = run_reader(
-                    "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk)
-                )
-                series.add(f"emberfs_{mode}", r["bytes_per_s"], rss=r["maxrss_bytes"])
-            r = run_reader(
-                "--meta", meta, "--path", emb_small, "--mode", "readinto", "--unit", str(chunk),
-                "--aligned",
-            )  # fmt: skip
-            series.add("emberfs_readinto_aligned", r["bytes_per_s"], rss=r["maxrss_bytes"])
+                ember_read(f"emberfs_{mode}", mode)
+            ember_read("emberfs_readinto_aligned", "readinto", "--aligned")
             # a long-lived loader's second whole-file result, reusing the first's memory
             for mode in ("read", "cat"):
-                r = run_reader(
-                    "--meta", meta, "--path", emb_small, "--mode", mode, "--unit", str(chunk),
-                    "--passes", "2", "--keep-memory",
-                )  # fmt: skip
-                series.add(f"emberfs_{mode}_kept", r["bytes_per_s"], rss=r["maxrss_bytes"])
+                ember_read(f"emberfs_{mode}_kept", mode, "--passes", "2", "--keep-memory")
             for size in sizes:
-                if size == small:
-                    continue
-                r = run_reader(
-                    "--meta",
-                    meta,
-                    "--path",
-                    f"/bench/{size_name(size)}",
-                    "--mode",
-                    "readinto",
-                    "--unit",
-                    str(chunk),
-                )
-                series.add(f"readinto_{size_name(size)}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+                if size != small:
+                    path = f"/bench/{size_name(size)}"
+                    ember_read(f"readinto_{size_name(size)}", "readinto", path=path)
             r = run_parallel(
                 4, "--meta", meta, "--path", emb_small, "--mode", "readinto", "--unit", str(chunk)
             )
