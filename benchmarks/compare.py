@@ -265,6 +265,13 @@ class Series:
         values = self.samples.get(key)
         return statistics.median(values) if values else None
 
+    def round_ratios(self, num: str, den: str) -> list[float] | None:
+        """``num / den`` of each round, or None unless both were measured in every round."""
+        a, b = self.samples.get(num), self.samples.get(den)
+        if not a or not b or len(a) != len(b):
+            return None
+        return [x / y for x, y in zip(a, b, strict=True)]
+
     def ratio(self, num: str, den: str) -> float | None:
         """The median over rounds of ``num / den`` measured in the same round.
 
@@ -272,11 +279,12 @@ class Series:
         a figure measured a different number of times is divided by the
         median of ``den``.
         """
+        per_round = self.round_ratios(num, den)
+        if per_round is not None:
+            return statistics.median(per_round)
         a, b = self.samples.get(num), self.samples.get(den)
         if not a or not b:
             return None
-        if len(a) == len(b):
-            return statistics.median(x / y for x, y in zip(a, b, strict=True))
         return statistics.median(a) / statistics.median(b)
 
 
@@ -460,53 +468,58 @@ def measure(args) -> dict:
     doc["peak_rss_bytes"] = {k: max(v["rss"]) for k, v in series.extra.items() if "rss" in v}
     doc["seaweed"] = {"used": use_seaweed, "reason": seaweed_reason}
     m1, m8 = doc["meta_1"], doc["meta_8"]
-    r = series.ratio
-    ratios = {
-        "read_vs_raw": r("emberfs_read", "raw"),
-        "readinto_vs_raw": r("emberfs_readinto", "raw"),
-        "readinto_aligned_vs_raw_aligned": r("emberfs_readinto_aligned", "raw_aligned"),
-        "readinto_vs_raw_aligned": r("emberfs_readinto", "raw_aligned"),
-        "stream_vs_raw": r("emberfs_stream", "raw"),
-        "cat_vs_raw": r("emberfs_cat", "raw"),
-        "read_vs_raw_fresh": r("emberfs_read", "raw_fresh"),
-        "cat_vs_raw_fresh": r("emberfs_cat", "raw_fresh"),
-        "read_kept_vs_raw": r("emberfs_read_kept", "raw"),
-        "cat_kept_vs_raw": r("emberfs_cat_kept", "raw"),
-        # the writes and the raw ceiling are measured in different rounds
-        "write_vs_raw": med[f"write_{size_name(small)}"] / med["raw"],
-        "write_first_vs_raw": med["write_first"] / med["raw"],
-        "write_after_removal_vs_raw": med["write_after_removal"] / med["raw"],
-        "write_vs_local_write_over_3": (
-            med[f"write_{size_name(small)}"] / (med["local_write"] / 3)
-        ),
-        "large_vs_small": r(f"readinto_{size_name(large)}", f"readinto_{size_name(small)}"),
-        "parallel4_vs_one": r("emberfs_parallel4", "emberfs_readinto"),
-        "stat_vs_ping": m1["stat_per_s"] / m1["ping_per_s"],
-        "create_vs_ping": m1["create_per_s"] / m1["ping_per_s"],
-        "rename_vs_ping": m1["rename_per_s"] / m1["ping_per_s"],
-        "stat_vs_ping_8": m8["stat_per_s"] / m8["ping_per_s"],
-        "create_vs_ping_8": m8["create_per_s"] / m8["ping_per_s"],
+    # ratios of two figures measured in the same rounds: the median of the
+    # per-round ratios, with the per-round values kept beside it
+    paired = {
+        "read_vs_raw": ("emberfs_read", "raw"),
+        "readinto_vs_raw": ("emberfs_readinto", "raw"),
+        "readinto_aligned_vs_raw_aligned": ("emberfs_readinto_aligned", "raw_aligned"),
+        "readinto_vs_raw_aligned": ("emberfs_readinto", "raw_aligned"),
+        "stream_vs_raw": ("emberfs_stream", "raw"),
+        "cat_vs_raw": ("emberfs_cat", "raw"),
+        "read_vs_raw_fresh": ("emberfs_read", "raw_fresh"),
+        "cat_vs_raw_fresh": ("emberfs_cat", "raw_fresh"),
+        "read_kept_vs_raw": ("emberfs_read_kept", "raw"),
+        "cat_kept_vs_raw": ("emberfs_cat_kept", "raw"),
+        "large_vs_small": (f"readinto_{size_name(large)}", f"readinto_{size_name(small)}"),
+        "parallel4_vs_one": ("emberfs_parallel4", "emberfs_readinto"),
     }
-    if "device_write" in med:  # the disk's share of what R = 3 asks of it
-        ratios["write_vs_device_over_3"] = med[f"write_{size_name(small)}"] / (
-            med["device_write"] / 3
-        )
     if use_seaweed:
-        ratios["read_vs_s3fs"] = r("emberfs_read", "s3_read")
-        ratios["cat_vs_s3fs"] = r("emberfs_cat", "s3_cat")
-        ratios["read_vs_http"] = r("emberfs_read", "http_read")
-        ratios["stream_vs_s3fs"] = r("emberfs_stream", "s3_stream")
+        paired["read_vs_s3fs"] = ("emberfs_read", "s3_read")
+        paired["cat_vs_s3fs"] = ("emberfs_cat", "s3_cat")
+        paired["read_vs_http"] = ("emberfs_read", "http_read")
+        paired["stream_vs_s3fs"] = ("emberfs_stream", "s3_stream")
+    ratios = {key: series.ratio(num, den) for key, (num, den) in paired.items()}
+    per_round = {key: series.round_ratios(num, den) for key, (num, den) in paired.items()}
+    doc["ratio_rounds"] = {key: v for key, v in per_round.items() if v is not None}
+    # the writes and the raw ceiling are measured in different rounds
+    write = med[f"write_{size_name(small)}"]
+    ratios["write_vs_raw"] = write / med["raw"]
+    ratios["write_first_vs_raw"] = med["write_first"] / med["raw"]
+    ratios["write_after_removal_vs_raw"] = med["write_after_removal"] / med["raw"]
+    ratios["write_vs_local_write_over_3"] = write / (med["local_write"] / 3)
+    if "device_write" in med:  # the disk's share of what R = 3 asks of it
+        ratios["write_vs_device_over_3"] = write / (med["device_write"] / 3)
+    for name, m in (("", m1), ("_8", m8)):
+        for op in ("stat", "create", "rename"):
+            ratios[f"{op}_vs_ping{name}"] = m[f"{op}_per_s"] / m["ping_per_s"]
     doc["ratios"] = ratios
-    doc["targets"] = [
-        {
-            "key": key,
-            "what": what,
-            "target": target,
-            "ratio": ratios.get(key),
-            "met": None if ratios.get(key) is None else ratios[key] >= target,
-        }
-        for key, what, target in TARGETS
-    ]
+    doc["targets"] = []
+    for key, what, target in TARGETS:
+        value = ratios.get(key)
+        rounds = doc["ratio_rounds"].get(key)
+        doc["targets"].append(
+            {
+                "key": key,
+                "what": what,
+                "target": target,
+                "ratio": value,
+                "met": None if value is None else value >= target,
+                # in how many of the rounds the ratio of that round met the target
+                "rounds_met": None if rounds is None else sum(v >= target for v in rounds),
+                "rounds": None if rounds is None else len(rounds),
+            }
+        )
     doc["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return doc
 
@@ -552,16 +565,29 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
             f"({m['list_entries_per_s']:.0f} entries/s of {m['list_entries']})",
             file=stream,
         )
-    print("\nratios and targets", file=stream)
+    rounds = doc.get("ratio_rounds", {})
+
+    def spread(key: str) -> str:
+        values = rounds.get(key)
+        if not values or len(values) < 2:
+            return ""
+        return f"  rounds {min(values):.2f}-{max(values):.2f}x"
+
+    print("\nratios and targets (median; the range over rounds beside it)", file=stream)
     for t in doc["targets"]:
         if t["ratio"] is None:
             status, value = "skipped", "-"
         else:
             status, value = ("met" if t["met"] else "NOT MET"), f"{t['ratio']:.2f}x"
-        print(f"  {t['what']:<44} {value:>8}  target >= {t['target']}x  {status}", file=stream)
+        if t.get("rounds", 0) and t["rounds"] > 1:
+            status += f" ({t['rounds_met']} of {t['rounds']} rounds)"
+        print(
+            f"  {t['what']:<44} {value:>8}  target >= {t['target']}x  {status}{spread(t['key'])}",
+            file=stream,
+        )
     others = {k: v for k, v in doc["ratios"].items() if k not in {t["key"] for t in doc["targets"]}}
     for k, v in others.items():
-        print(f"  {k:<44} {v:>7.2f}x", file=stream)
+        print(f"  {k:<44} {v:>7.2f}x{spread(k)}", file=stream)
     if not doc["seaweed"]["used"]:
         print(f"\nSeaweedFS skipped: {doc['seaweed']['reason']}", file=stream)
 

@@ -6,6 +6,7 @@ every field with sane values.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -65,6 +66,52 @@ def test_phase_summary_percentiles():
     assert s["latency_ms"]["p50"] in (2.0, 3.0)
     assert s["latency_ms"]["p99"] == 100.0
     assert abs(s["latency_ms"]["avg"] - 26.5) < 1e-6
+
+
+def test_compare_ratios_pair_rounds_and_report_their_range():
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import compare
+
+    series = compare.Series()
+    for raw, ember in ((4.0, 2.0), (2.0, 1.8), (3.0, 2.7)):
+        series.add("raw", raw)
+        series.add("emberfs_readinto", ember)
+    series.add("write", 1.0)
+    assert series.round_ratios("emberfs_readinto", "raw") == pytest.approx([0.5, 0.9, 0.9])
+    assert series.ratio("emberfs_readinto", "raw") == pytest.approx(0.9)
+    # a figure measured once is divided by the median of the other: no rounds
+    assert series.round_ratios("write", "raw") is None
+    assert series.ratio("write", "raw") == pytest.approx(1.0 / 3.0)
+    doc = {
+        "throughput": {},
+        "peak_rss_bytes": {},
+        "meta_1": {k: 1.0 for k in ("ping_per_s", "stat_per_s", "create_per_s")},
+        "seaweed": {"used": True},
+        "ratio_rounds": {"readinto_vs_raw": [0.5, 0.9, 0.9], "stream_vs_raw": [0.7, 0.8]},
+        "ratios": {"readinto_vs_raw": 0.9, "stream_vs_raw": 0.75},
+        "targets": [
+            {
+                "key": "readinto_vs_raw",
+                "what": "readinto / raw ceiling",
+                "target": 0.8,
+                "ratio": 0.9,
+                "met": True,
+                "rounds_met": 2,
+                "rounds": 3,
+            }
+        ],
+    }
+    for k in ("rename_per_s", "list_calls_per_s", "list_entries_per_s", "list_entries"):
+        doc["meta_1"][k] = 1.0
+    doc["meta_8"] = doc["meta_1"]
+    out = io.StringIO()
+    compare.print_report(doc, out)
+    lines = out.getvalue().splitlines()
+    target = next(line for line in lines if line.strip().startswith("readinto / raw ceiling"))
+    assert "met (2 of 3 rounds)" in target and "rounds 0.50-0.90x" in target
+    other = next(line for line in lines if line.strip().startswith("stream_vs_raw"))
+    assert "rounds 0.70-0.80x" in other
 
 
 def test_emberfs_bench_local_json():
@@ -251,6 +298,11 @@ def test_compare_smoke(tmp_path):
     assert doc["ratios"]["write_vs_device_over_3"] > 0
     assert doc["ratios"]["write_after_removal_vs_raw"] > 0
     assert "ratios and targets" in r.stdout
+    # one round: each paired ratio is that round's ratio
+    assert doc["ratio_rounds"]["readinto_vs_raw"] == [doc["ratios"]["readinto_vs_raw"]]
+    readinto_target = next(t for t in doc["targets"] if t["key"] == "readinto_vs_raw")
+    assert readinto_target["rounds"] == 1 and readinto_target["rounds_met"] in (0, 1)
+    assert next(t for t in doc["targets"] if t["key"] == "write_vs_raw")["rounds"] is None
     if have_seaweed:
         assert doc["seaweed"]["used"] is True
         assert thr["s3_read"] > 0 and thr["http_read"] > 0
