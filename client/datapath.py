@@ -11,12 +11,13 @@ CRC32C, and writes chunk data to the chain head with idempotent retries
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from contextlib import contextmanager
 
 from google.protobuf.message import DecodeError
@@ -165,63 +166,137 @@ class _Refused(Exception):
         self.status = status
 
 
+# states of a sent read
+_SENT = 0  # its answer waits in the lane's socket
+_KEPT = 1  # its answer was received ahead of its turn and waits in memory
+_DONE = 2  # received (or given up) by finish_into
+_CANCELLED = 3  # nobody wants the answer; whoever reaches it in the socket drops it
+
+
+class _Lane:
+    """One connection that carries the sent reads of one server, answers in the order sent.
+
+    A storage server handles a connection's requests one after the other, so
+    the answers of the reads sent on a lane come back in :attr:`queue` order.
+    Sending every read ahead to a server on one connection, instead of one
+    connection per read, keeps the connection (and its grown socket buffers)
+    warm and the server's connection count low.
+    """
+
+    __slots__ = ("address", "sock", "queue", "send_lock", "recv_lock", "open")
+
+    def __init__(self, address: str, sock: socket.socket) -> None:
+        self.address = address
+        self.sock = sock
+        self.queue: deque[PendingRead] = deque()  # sent reads whose answers are in the socket
+        self.send_lock = threading.Lock()  # a request is queued and sent as one step
+        self.recv_lock = threading.Lock()  # one receiver at a time
+        self.open = True  # False once retired or broken: no new reads
+
+
 class PendingRead:
-    """A chunk read whose request is sent and whose answer waits in the socket.
+    """A chunk read whose request is sent and whose answer waits in its lane's socket.
 
     Made by :meth:`DataClient.start_read`; used once, by :meth:`finish_into`
     or :meth:`cancel`.
     """
 
-    __slots__ = ("_client", "_address", "_sock", "length")
+    __slots__ = ("_client", "_lane", "length", "_state", "_answer")
 
-    def __init__(self, client: DataClient, address: str, sock: socket.socket, length: int):
+    def __init__(self, client: DataClient, lane: _Lane, length: int):
         self._client = client
-        self._address = address
-        self._sock: socket.socket | None = sock
+        self._lane = lane
         self.length = length
+        self._state = _SENT
+        self._answer: tuple | None = None  # (header, meta, crcs, data) when kept
 
     def finish_into(self, out: memoryview) -> bool:
         """Receive the answer into ``out`` (``length`` bytes); True when it is all there.
 
-        Every byte is verified against its block CRC32C. False, with ``out``
-        in any state, when the replica refused, answered with fewer bytes (a
-        hole or the chunk's end), failed or sent a bad checksum: the caller
-        then reads the range with :meth:`DataClient.read_chunk`, which retries
-        other replicas.
+        Every byte is verified against its block CRC32C. The answers of reads
+        sent before it on the same connection are received first (dropped when
+        cancelled, kept for their own ``finish_into`` otherwise). False, with
+        ``out`` in any state, when the replica refused, answered with fewer
+        bytes (a hole or the chunk's end), failed or sent a bad checksum: the
+        caller then reads the range with :meth:`DataClient.read_chunk`, which
+        retries other replicas.
         """
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return False
-        clean = False
-        try:
+        client, lane = self._client, self._lane
+        with lane.recv_lock:
             try:
-                header, meta, crcs = DataClient._recv_head(sock, _READ_RESPONSE)
-            except _Refused:  # the refusal was read whole: the connection is fine
-                clean = True
+                while True:
+                    with client._lock:
+                        if self._state != _SENT:
+                            break
+                        if not lane.open:  # the connection broke
+                            return False
+                        head = lane.queue[0]
+                    answer = self._receive(lane.sock, out if head is self else None)
+                    with client._lock:
+                        lane.queue.popleft()
+                        if head is self:
+                            return answer is True
+                        if head._state == _SENT:  # a cancelled read's answer is dropped
+                            head._state, head._answer = _KEPT, answer
+                if self._state == _KEPT:
+                    return self._use(out)
+                return False  # finished or cancelled before
+            except (OSError, framing.FrameError, DecodeError):
+                client._break(lane)
                 return False
-            usable = header.data_len == len(out) == self.length
-            if usable:
-                usable = data_pb2.ChunkReadResponse.FromString(meta).skip == 0
-            if not usable:
-                if header.data_len:
-                    framing.recv_exact(sock, header.data_len)
-                clean = True
-                return False
-            framing.recv_exact_into(sock, out)
-            clean = True
-            framing.verify(out, crcs, header.block_size)
-            return True
-        except (OSError, framing.FrameError, DecodeError):
-            self._client.pool.mark_bad(self._address)
+            finally:
+                client._end(self)
+
+    def _receive(self, sock: socket.socket, out: memoryview | None):
+        """The next answer in the socket: into ``out`` (True/False), or kept whole in memory.
+
+        With ``out`` the answer is this read's own: True when it filled
+        ``out`` and verified. Without, it belongs to an earlier read: it comes
+        back as (header, meta, crcs, data), or None for a refusal.
+        """
+        try:
+            header, meta, crcs = DataClient._recv_head(sock, _READ_RESPONSE)
+        except _Refused:  # the refusal was read whole: the connection is fine
+            return False if out is not None else None
+        if out is None:
+            data = framing.recv_exact(sock, header.data_len) if header.data_len else b""
+            return header, meta, crcs, data
+        if not self._usable(header, meta, len(out)):
+            if header.data_len:
+                framing.recv_exact(sock, header.data_len)
             return False
-        finally:
-            self._client._end_pending(self._address, sock, clean)
+        framing.recv_exact_into(sock, out)
+        return self._verified(out, crcs, header.block_size)
+
+    def _usable(self, header, meta: bytes, n: int) -> bool:
+        return (
+            header.data_len == n == self.length
+            and data_pb2.ChunkReadResponse.FromString(meta).skip == 0
+        )
+
+    def _verified(self, out: memoryview, crcs, block_size: int) -> bool:
+        """Whether ``out`` matches its block CRCs (a mismatch marks the server bad)."""
+        try:
+            framing.verify(out, crcs, block_size)
+        except framing.ChecksumError:
+            self._client.pool.mark_bad(self._lane.address)
+            return False
+        return True
+
+    def _use(self, out: memoryview) -> bool:
+        """Fill ``out`` from the answer kept in memory."""
+        answer, self._answer = self._answer, None
+        if answer is None:
+            return False
+        header, meta, crcs, data = answer
+        if not self._usable(header, meta, len(out)):
+            return False
+        out[:] = data
+        return self._verified(out, crcs, header.block_size)
 
     def cancel(self) -> None:
-        """Give up on the answer (the connection is closed: it still carries it)."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            self._client._end_pending(self._address, sock, False)
+        """Give up on the answer: it is dropped when the connection reaches it."""
+        self._client._end(self, cancel=True)
 
 
 class DataClient:
@@ -255,7 +330,8 @@ class DataClient:
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
         self._outstanding: dict[str, int] = defaultdict(int)
-        self._pending: dict[str, int] = defaultdict(int)  # sent reads holding a connection
+        self._pending: dict[str, int] = defaultdict(int)  # sent reads not yet finished
+        self._lanes: dict[str, _Lane] = {}  # the connection of each server's sent reads
         self._rr = itertools.count()
         self._lock = threading.Lock()
 
@@ -432,52 +508,112 @@ class DataClient:
 
         The answer waits in the connection's socket buffers until
         :meth:`PendingRead.finish_into` receives it straight into the
-        caller's buffer, so reading ahead costs no buffer and no copy. Returns
-        None when no serving replica has a free connection (the caller reads
-        the usual way).
+        caller's buffer, so reading ahead costs no buffer and no copy. The
+        reads sent to one server share one connection (:class:`_Lane`).
+        Returns None when no serving replica can take one more (the caller
+        reads the usual way).
         """
         try:
             _, chain = self.routing.chain(chain_id)
         except KeyError:
             return None
-        # Sent reads hold their connections until the caller wants the data, so
-        # they may take at most half of a server's: the other half always
-        # serves the fetches that the caller may be waiting for meanwhile.
-        cap = self.pool.max_per_address // 2
+        # Sent reads hold their lane's connection until the caller wants the
+        # data; the server's other connections serve the fetches that the
+        # caller may be waiting for meanwhile.
         for target in self._replicas(chain):
             address = target.data_address
             if self.pool.is_bad(address):
                 continue
-            with self._lock:
-                if self._pending[address] >= cap:
-                    continue
-                self._pending[address] += 1
-            sock = self.pool.try_acquire(address)
-            if sock is None:
-                with self._lock:
-                    self._pending[address] -= 1
-                continue
             req = self._read_request(target, chain, inode, index, offset, length)
-            try:
-                framing.send_frame(sock, Op.READ, req, None)
-            except OSError:
-                self.pool.discard(address, sock)
+            for _ in range(2):  # the lane may retire between finding it and sending on it
                 with self._lock:
-                    self._pending[address] -= 1
-                continue
-            with self._lock:
-                self._outstanding[address] += 1
-            return PendingRead(self, address, sock, length)
+                    if self._pending[address] >= self._lane_depth:
+                        break
+                    lane = self._lanes.get(address)
+                if lane is None:
+                    lane = self._open_lane(address)
+                    if lane is None:
+                        break
+                pending = self._send_on(lane, req, length)
+                if pending is not None:
+                    return pending
         return None
 
-    def _end_pending(self, address: str, sock: socket.socket, clean: bool) -> None:
+    @property
+    def _lane_depth(self) -> int:
+        """Sent reads a server may have at once (half the connections one may have)."""
+        return max(1, self.pool.max_per_address // 2)
+
+    def _open_lane(self, address: str) -> _Lane | None:
+        sock = self.pool.try_acquire(address)
+        if sock is None:
+            return None
         with self._lock:
-            self._outstanding[address] -= 1
-            self._pending[address] -= 1
+            lane = self._lanes.get(address)
+            if lane is None:
+                lane = self._lanes[address] = _Lane(address, sock)
+                return lane
+        self.pool.release(address, sock)  # another thread opened one meanwhile
+        return lane
+
+    def _send_on(self, lane: _Lane, req: bytes, length: int) -> PendingRead | None:
+        """Queue a read on ``lane`` and send its request (one step, so answers keep the order)."""
+        address = lane.address
+        with lane.send_lock:
+            with self._lock:
+                if not lane.open or self._pending[address] >= self._lane_depth:
+                    return None
+                pending = PendingRead(self, lane, length)
+                lane.queue.append(pending)
+                self._pending[address] += 1
+                self._outstanding[address] += 1
+            try:
+                framing.send_frame(lane.sock, Op.READ, req, None)
+            except OSError:
+                self._break(lane)
+                self._end(pending)
+                return None
+        return pending
+
+    def _end(self, pending: PendingRead, cancel: bool = False) -> None:
+        """A sent read is finished or cancelled: count it out, and retire its lane if idle."""
+        lane = pending._lane
+        with self._lock:
+            if pending._state in (_DONE, _CANCELLED):
+                return
+            if cancel and pending._state == _SENT:
+                pending._state = _CANCELLED  # still in the queue: its answer is dropped later
+            else:
+                pending._state = _DONE
+            pending._answer = None
+            self._outstanding[lane.address] -= 1
+            self._pending[lane.address] -= 1
+            if not lane.open:
+                return
+            if lane.queue and any(p._state == _SENT for p in lane.queue):
+                return
+            # nothing left that anybody will receive: retire the lane
+            lane.open = False
+            if self._lanes.get(lane.address) is lane:
+                del self._lanes[lane.address]
+            clean = not lane.queue
         if clean:
-            self.pool.release(address, sock)
-        else:
-            self.pool.discard(address, sock)
+            self.pool.release(lane.address, lane.sock)
+        else:  # answers nobody wants are still in the socket
+            self.pool.discard(lane.address, lane.sock)
+
+    def _break(self, lane: _Lane) -> None:
+        """The lane's connection failed: close it; its sent reads fall back to fetches."""
+        with self._lock:
+            if not lane.open:
+                return
+            lane.open = False
+            if self._lanes.get(lane.address) is lane:
+                del self._lanes[lane.address]
+        self.pool.mark_bad(lane.address)
+        with contextlib.suppress(OSError):
+            lane.sock.shutdown(socket.SHUT_RDWR)  # wakes a receiver blocked on it
+        self.pool.discard(lane.address, lane.sock)
 
     # writes ------------------------------------------------------------------
     def write_chunk(

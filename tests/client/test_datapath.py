@@ -25,11 +25,15 @@ CHUNK = 256 * 1024
 
 
 class ScriptedServer:
-    """A framed-protocol server whose answers come from ``rule(op, request, data)``."""
+    """A framed-protocol server whose answers come from ``rule(op, request, data)``.
+
+    A rule that returns None closes the connection instead of answering.
+    """
 
     def __init__(self, rule) -> None:
         self.rule = rule
         self.requests: list = []
+        self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self._threads = [threading.Thread(target=self._accept, daemon=True)]
@@ -41,6 +45,7 @@ class ScriptedServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            self.connections += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):
@@ -56,15 +61,21 @@ class ScriptedServer:
                     req = data_pb2.ChunkWriteRequest.FromString(frame.meta)
                 self.requests.append(req)
                 data = bytes(frame.data) if frame.data is not None else b""
-                status, meta, payload, crcs = self.rule(frame.header.op, req, data)
-                framing.send_frame(
-                    conn,
-                    frame.header.op | framing.RESPONSE,
-                    meta,
-                    payload,
-                    status=status,
-                    crcs=crcs,
-                )
+                answer = self.rule(frame.header.op, req, data)
+                if answer is None:  # the rule drops the connection
+                    return
+                status, meta, payload, crcs = answer
+                try:
+                    framing.send_frame(
+                        conn,
+                        frame.header.op | framing.RESPONSE,
+                        meta,
+                        payload,
+                        status=status,
+                        crcs=crcs,
+                    )
+                except OSError:  # the client closed the connection
+                    return
 
     def close(self):
         self.sock.close()
@@ -266,3 +277,153 @@ def test_write_waits_for_a_serving_head(make_client):
     finally:
         timer.cancel()
     assert cluster.fetches > 1
+
+
+# reads sent ahead (start_read): one connection per server, answers in order
+
+
+def sent(client, pieces, size=64 * 1024):
+    """Start reads of ``pieces`` (indexes of ``size``-byte pieces of chunk 0)."""
+    return [client.start_read(7, 1, 0, k * size, size) for k in pieces]
+
+
+def finish(pending, size=64 * 1024):
+    out = bytearray(size)
+    ok = pending.finish_into(memoryview(out))
+    return bytes(out) if ok else None
+
+
+def pool_idle(pool) -> bool:
+    """Every open connection is idle in the pool."""
+    with pool._cond:
+        return all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
+
+
+def test_reads_sent_to_one_server_share_one_connection(make_client):
+    content = os.urandom(CHUNK)
+    server = ScriptedServer(ok_read(content))
+    _, client = make_client([server])
+    piece = 64 * 1024
+    pending = sent(client, range(4))
+    assert all(p is not None for p in pending)
+    # the server's sent reads are limited (half the connections one server may have)
+    assert client.start_read(7, 1, 0, 0, piece) is None
+    for k, p in enumerate(pending):
+        assert finish(p) == content[k * piece : (k + 1) * piece]
+    assert server.connections == 1 and len(server.requests) == 4
+    assert pool_idle(client.pool) and not any(client._pending.values())
+    # the next reads reuse the same (idle) connection
+    assert finish(sent(client, [3])[0]) == content[3 * piece :]
+    assert server.connections == 1
+
+
+def test_sent_reads_finished_out_of_order(make_client):
+    content = os.urandom(CHUNK)
+    server = ScriptedServer(ok_read(content))
+    _, client = make_client([server])
+    piece = 64 * 1024
+    first, second, third = sent(client, range(3))
+    # the third's answer comes after the first two: they are kept for their own calls
+    assert finish(third) == content[2 * piece : 3 * piece]
+    assert finish(first) == content[:piece]
+    assert finish(second) == content[piece : 2 * piece]
+    assert server.connections == 1
+    assert pool_idle(client.pool) and not any(client._pending.values())
+
+
+def test_cancelled_sent_reads_are_dropped_and_the_connection_kept(make_client):
+    content = os.urandom(CHUNK)
+    server = ScriptedServer(ok_read(content))
+    _, client = make_client([server])
+    piece = 64 * 1024
+    first, second, third = sent(client, range(3))
+    second.cancel()
+    assert finish(first) == content[:piece]
+    assert finish(third) == content[2 * piece : 3 * piece]
+    assert finish(second) is None  # cancelled: nothing to receive any more
+    assert server.connections == 1 and pool_idle(client.pool)
+    assert finish(sent(client, [1])[0]) == content[piece : 2 * piece]
+    assert server.connections == 1
+
+
+def test_a_connection_whose_answers_nobody_wants_is_closed(make_client):
+    content = os.urandom(CHUNK)
+    server = ScriptedServer(ok_read(content))
+    _, client = make_client([server])
+    for p in sent(client, range(3)):
+        p.cancel()
+    assert not any(client._pending.values())
+    with client.pool._cond:
+        assert client.pool._open[server.address] == 0  # closed, not pooled with answers in it
+    assert finish(sent(client, [0])[0]) == content[: 64 * 1024]
+    assert server.connections == 2
+
+
+def test_a_broken_connection_fails_its_sent_reads_and_they_are_fetched(make_client):
+    content = os.urandom(CHUNK)
+    answered = []
+
+    def once(op, req, data):
+        if answered:
+            return None  # the connection closes after the first answer
+        answered.append(req)
+        return ok_read(content)(op, req, data)
+
+    flaky = ScriptedServer(once)
+    _, client = make_client([flaky])
+    first, second, third = sent(client, range(3))
+    assert finish(first) == content[: 64 * 1024]
+    assert finish(second) is None and finish(third) is None
+    assert client.pool.is_bad(flaky.address)
+    assert not any(client._pending.values())
+    with client.pool._cond:
+        assert client.pool._open[flaky.address] == 0
+
+
+def test_sent_reads_from_two_threads_share_a_connection(make_client):
+    content = os.urandom(CHUNK)
+    server = ScriptedServer(ok_read(content))
+    _, client = make_client([server])
+    piece = 64 * 1024
+    results: dict[int, bytes | None] = {}
+    errors: list[BaseException] = []
+
+    def reader(k: int) -> None:
+        try:
+            for _ in range(20):
+                p = client.start_read(7, 1, 0, k * piece, piece)
+                if p is None:
+                    continue
+                results[k] = finish(p)
+                assert results[k] == content[k * piece : (k + 1) * piece]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(results) == 4
+    assert pool_idle(client.pool) and not any(client._pending.values())
+
+
+def test_a_kept_answer_is_verified_when_it_is_used(make_client):
+    content = os.urandom(CHUNK)
+    piece = 64 * 1024
+
+    def first_corrupt(op, req, data):
+        status, meta, payload, _ = ok_read(content)(op, req, data)
+        if req.offset != 0:
+            return status, meta, payload, None
+        bad = bytearray(payload)
+        bad[100] ^= 0xFF  # the CRCs sent are of the good data
+        return status, meta, bytes(bad), framing.block_crcs(payload)
+
+    server = ScriptedServer(first_corrupt)
+    _, client = make_client([server])
+    first, second = sent(client, range(2))
+    assert finish(second) == content[piece : 2 * piece]  # the first's answer is kept meanwhile
+    assert finish(first) is None  # and found corrupt when it is used
+    assert client.pool.is_bad(server.address)
