@@ -244,6 +244,9 @@ class PendingRead:
             except (OSError, framing.FrameError, DecodeError):
                 client._break(lane)
                 return False
+            except BaseException:  # the socket may hold half an answer: nobody may read on
+                client._break(lane)
+                raise
             finally:
                 client._end(self)
 
