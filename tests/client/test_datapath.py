@@ -427,3 +427,18 @@ def test_a_kept_answer_is_verified_when_it_is_used(make_client):
     assert finish(second) == content[piece : 2 * piece]  # the first's answer is kept meanwhile
     assert finish(first) is None  # and found corrupt when it is used
     assert client.pool.is_bad(server.address)
+
+
+def test_an_error_in_the_middle_of_an_answer_closes_the_connection(make_client):
+    content = os.urandom(CHUNK)
+    server = ScriptedServer(ok_read(content))
+    _, client = make_client([server])
+    piece = 64 * 1024
+    first, second = sent(client, range(2))
+    with pytest.raises(TypeError):  # a read-only buffer: the answer is left half read
+        first.finish_into(memoryview(bytes(piece)))
+    with client.pool._cond:
+        assert client.pool._open[server.address] == 0
+    assert finish(second) is None  # its connection is gone: the caller fetches it instead
+    assert read(client, piece, piece) == content[piece : 2 * piece]
+    assert not any(client._pending.values())
