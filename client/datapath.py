@@ -183,7 +183,7 @@ class _Lane:
     warm and the server's connection count low.
     """
 
-    __slots__ = ("address", "sock", "queue", "send_lock", "recv_lock", "open")
+    __slots__ = ("address", "sock", "queue", "send_lock", "recv_lock")
 
     def __init__(self, address: str, sock: socket.socket) -> None:
         self.address = address
@@ -191,7 +191,6 @@ class _Lane:
         self.queue: deque[PendingRead] = deque()  # sent reads whose answers are in the socket
         self.send_lock = threading.Lock()  # a request is queued and sent as one step
         self.recv_lock = threading.Lock()  # one receiver at a time
-        self.open = True  # False once retired or broken: no new reads
 
 
 class PendingRead:
@@ -228,7 +227,7 @@ class PendingRead:
                     with client._lock:
                         if self._state != _SENT:
                             break
-                        if not lane.open:  # the connection broke
+                        if not client._is_open(lane):  # the connection broke
                             return False
                         head = lane.queue[0]
                     answer = self._receive(lane.sock, out if head is self else None)
@@ -564,7 +563,7 @@ class DataClient:
         address = lane.address
         with lane.send_lock:
             with self._lock:
-                if not lane.open or self._pending[address] >= self._lane_depth:
+                if not self._is_open(lane) or self._pending[address] >= self._lane_depth:
                     return None
                 pending = PendingRead(self, lane, length)
                 lane.queue.append(pending)
@@ -577,6 +576,10 @@ class DataClient:
                 self._end(pending)
                 return None
         return pending
+
+    def _is_open(self, lane: _Lane) -> bool:
+        """Whether ``lane`` still takes reads (it is its server's lane; under ``_lock``)."""
+        return self._lanes.get(lane.address) is lane
 
     def _end(self, pending: PendingRead, cancel: bool = False) -> None:
         """A sent read is finished or cancelled: count it out, and retire its lane if idle."""
@@ -591,14 +594,10 @@ class DataClient:
             pending._answer = None
             self._outstanding[lane.address] -= 1
             self._pending[lane.address] -= 1
-            if not lane.open:
-                return
-            if lane.queue and any(p._state == _SENT for p in lane.queue):
+            if not self._is_open(lane) or any(p._state == _SENT for p in lane.queue):
                 return
             # nothing left that anybody will receive: retire the lane
-            lane.open = False
-            if self._lanes.get(lane.address) is lane:
-                del self._lanes[lane.address]
+            del self._lanes[lane.address]
             clean = not lane.queue
         if clean:
             self.pool.release(lane.address, lane.sock)
@@ -608,11 +607,9 @@ class DataClient:
     def _break(self, lane: _Lane) -> None:
         """The lane's connection failed: close it; its sent reads fall back to fetches."""
         with self._lock:
-            if not lane.open:
+            if not self._is_open(lane):
                 return
-            lane.open = False
-            if self._lanes.get(lane.address) is lane:
-                del self._lanes[lane.address]
+            del self._lanes[lane.address]
         self.pool.mark_bad(lane.address)
         with contextlib.suppress(OSError):
             lane.sock.shutdown(socket.SHUT_RDWR)  # wakes a receiver blocked on it
