@@ -281,13 +281,24 @@ def test_write_waits_for_a_serving_head(make_client):
 
 # reads sent ahead (start_read): one connection per server, answers in order
 
+PIECE = 64 * 1024
 
-def sent(client, pieces, size=64 * 1024):
+
+@pytest.fixture
+def one_server(make_client):
+    """(content, server, client): one scripted server holding ``content`` as chunk 0."""
+    content = os.urandom(CHUNK)
+    server = ScriptedServer(ok_read(content))
+    _, client = make_client([server])
+    return content, server, client
+
+
+def sent(client, pieces, size=PIECE):
     """Start reads of ``pieces`` (indexes of ``size``-byte pieces of chunk 0)."""
     return [client.start_read(7, 1, 0, k * size, size) for k in pieces]
 
 
-def finish(pending, size=64 * 1024):
+def finish(pending, size=PIECE):
     out = bytearray(size)
     ok = pending.finish_into(memoryview(out))
     return bytes(out) if ok else None
@@ -299,63 +310,52 @@ def pool_idle(pool) -> bool:
         return all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
 
 
-def test_reads_sent_to_one_server_share_one_connection(make_client):
-    content = os.urandom(CHUNK)
-    server = ScriptedServer(ok_read(content))
-    _, client = make_client([server])
-    piece = 64 * 1024
+def test_reads_sent_to_one_server_share_one_connection(one_server):
+    content, server, client = one_server
     pending = sent(client, range(4))
     assert all(p is not None for p in pending)
     # the server's sent reads are limited (half the connections one server may have)
-    assert client.start_read(7, 1, 0, 0, piece) is None
+    assert client.start_read(7, 1, 0, 0, PIECE) is None
     for k, p in enumerate(pending):
-        assert finish(p) == content[k * piece : (k + 1) * piece]
+        assert finish(p) == content[k * PIECE : (k + 1) * PIECE]
     assert server.connections == 1 and len(server.requests) == 4
     assert pool_idle(client.pool) and not any(client._pending.values())
     # the next reads reuse the same (idle) connection
-    assert finish(sent(client, [3])[0]) == content[3 * piece :]
+    assert finish(sent(client, [3])[0]) == content[3 * PIECE :]
     assert server.connections == 1
 
 
-def test_sent_reads_finished_out_of_order(make_client):
-    content = os.urandom(CHUNK)
-    server = ScriptedServer(ok_read(content))
-    _, client = make_client([server])
-    piece = 64 * 1024
+def test_sent_reads_finished_out_of_order(one_server):
+    content, server, client = one_server
     first, second, third = sent(client, range(3))
     # the third's answer comes after the first two: they are kept for their own calls
-    assert finish(third) == content[2 * piece : 3 * piece]
-    assert finish(first) == content[:piece]
-    assert finish(second) == content[piece : 2 * piece]
+    assert finish(third) == content[2 * PIECE : 3 * PIECE]
+    assert finish(first) == content[:PIECE]
+    assert finish(second) == content[PIECE : 2 * PIECE]
     assert server.connections == 1
     assert pool_idle(client.pool) and not any(client._pending.values())
 
 
-def test_cancelled_sent_reads_are_dropped_and_the_connection_kept(make_client):
-    content = os.urandom(CHUNK)
-    server = ScriptedServer(ok_read(content))
-    _, client = make_client([server])
-    piece = 64 * 1024
+def test_cancelled_sent_reads_are_dropped_and_the_connection_kept(one_server):
+    content, server, client = one_server
     first, second, third = sent(client, range(3))
     second.cancel()
-    assert finish(first) == content[:piece]
-    assert finish(third) == content[2 * piece : 3 * piece]
+    assert finish(first) == content[:PIECE]
+    assert finish(third) == content[2 * PIECE : 3 * PIECE]
     assert finish(second) is None  # cancelled: nothing to receive any more
     assert server.connections == 1 and pool_idle(client.pool)
-    assert finish(sent(client, [1])[0]) == content[piece : 2 * piece]
+    assert finish(sent(client, [1])[0]) == content[PIECE : 2 * PIECE]
     assert server.connections == 1
 
 
-def test_a_connection_whose_answers_nobody_wants_is_closed(make_client):
-    content = os.urandom(CHUNK)
-    server = ScriptedServer(ok_read(content))
-    _, client = make_client([server])
+def test_a_connection_whose_answers_nobody_wants_is_closed(one_server):
+    content, server, client = one_server
     for p in sent(client, range(3)):
         p.cancel()
     assert not any(client._pending.values())
     with client.pool._cond:
         assert client.pool._open[server.address] == 0  # closed, not pooled with answers in it
-    assert finish(sent(client, [0])[0]) == content[: 64 * 1024]
+    assert finish(sent(client, [0])[0]) == content[:PIECE]
     assert server.connections == 2
 
 
@@ -372,7 +372,7 @@ def test_a_broken_connection_fails_its_sent_reads_and_they_are_fetched(make_clie
     flaky = ScriptedServer(once)
     _, client = make_client([flaky])
     first, second, third = sent(client, range(3))
-    assert finish(first) == content[: 64 * 1024]
+    assert finish(first) == content[:PIECE]
     assert finish(second) is None and finish(third) is None
     assert client.pool.is_bad(flaky.address)
     assert not any(client._pending.values())
@@ -380,22 +380,19 @@ def test_a_broken_connection_fails_its_sent_reads_and_they_are_fetched(make_clie
         assert client.pool._open[flaky.address] == 0
 
 
-def test_sent_reads_from_two_threads_share_a_connection(make_client):
-    content = os.urandom(CHUNK)
-    server = ScriptedServer(ok_read(content))
-    _, client = make_client([server])
-    piece = 64 * 1024
+def test_sent_reads_from_two_threads_share_a_connection(one_server):
+    content, server, client = one_server
     results: dict[int, bytes | None] = {}
     errors: list[BaseException] = []
 
     def reader(k: int) -> None:
         try:
             for _ in range(20):
-                p = client.start_read(7, 1, 0, k * piece, piece)
+                p = client.start_read(7, 1, 0, k * PIECE, PIECE)
                 if p is None:
                     continue
                 results[k] = finish(p)
-                assert results[k] == content[k * piece : (k + 1) * piece]
+                assert results[k] == content[k * PIECE : (k + 1) * PIECE]
         except BaseException as exc:
             errors.append(exc)
 
@@ -411,7 +408,6 @@ def test_sent_reads_from_two_threads_share_a_connection(make_client):
 
 def test_a_kept_answer_is_verified_when_it_is_used(make_client):
     content = os.urandom(CHUNK)
-    piece = 64 * 1024
 
     def first_corrupt(op, req, data):
         status, meta, payload, _ = ok_read(content)(op, req, data)
@@ -424,21 +420,18 @@ def test_a_kept_answer_is_verified_when_it_is_used(make_client):
     server = ScriptedServer(first_corrupt)
     _, client = make_client([server])
     first, second = sent(client, range(2))
-    assert finish(second) == content[piece : 2 * piece]  # the first's answer is kept meanwhile
+    assert finish(second) == content[PIECE : 2 * PIECE]  # the first's answer is kept meanwhile
     assert finish(first) is None  # and found corrupt when it is used
     assert client.pool.is_bad(server.address)
 
 
-def test_an_error_in_the_middle_of_an_answer_closes_the_connection(make_client):
-    content = os.urandom(CHUNK)
-    server = ScriptedServer(ok_read(content))
-    _, client = make_client([server])
-    piece = 64 * 1024
+def test_an_error_in_the_middle_of_an_answer_closes_the_connection(one_server):
+    content, server, client = one_server
     first, second = sent(client, range(2))
     with pytest.raises(TypeError):  # a read-only buffer: the answer is left half read
-        first.finish_into(memoryview(bytes(piece)))
+        first.finish_into(memoryview(bytes(PIECE)))
     with client.pool._cond:
         assert client.pool._open[server.address] == 0
     assert finish(second) is None  # its connection is gone: the caller fetches it instead
-    assert read(client, piece, piece) == content[piece : 2 * piece]
+    assert read(client, PIECE, PIECE) == content[PIECE : 2 * PIECE]
     assert not any(client._pending.values())
