@@ -254,6 +254,10 @@ class Namespace:
         method = "Open" if sessions.is_mutating_open(req.flags) else None
         return self._run(sessions.open_file, req, method)
 
+    def batch_open(self, req: meta_pb2.BatchOpenRequest) -> meta_pb2.BatchOpenResponse:
+        """Read-only opens of many paths, with an errno per failed path."""
+        return self._run(sessions.batch_open, req, None)
+
     def sync(self, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
         """Set the exact length of a file open for write."""
         return self._run(sessions.sync, req, "Sync")

@@ -57,6 +57,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def Open(self, request, context):
         return self._call(self.namespace.open, request, context)
 
+    def BatchOpen(self, request, context):
+        return self._call(self.namespace.batch_open, request, context)
+
     def Sync(self, request, context):
         return self._call(self.namespace.sync, request, context)
 

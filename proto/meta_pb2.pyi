@@ -123,6 +123,20 @@ class OpenResponse(_message.Message):
     session_id: int
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., session_id: _Optional[int] = ...) -> None: ...
 
+class BatchOpenRequest(_message.Message):
+    __slots__ = ("ctx", "paths")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchOpenResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchStatResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchStatResult, _Mapping]]] = ...) -> None: ...
+
 class SyncRequest(_message.Message):
     __slots__ = ("ctx", "inode", "session_id", "length", "mtime_ns")
     CTX_FIELD_NUMBER: _ClassVar[int]

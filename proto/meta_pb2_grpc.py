@@ -59,6 +59,11 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.OpenRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.OpenResponse.FromString,
                 _registered_method=True)
+        self.BatchOpen = channel.unary_unary(
+                '/emberfs.MetaService/BatchOpen',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.BatchOpenRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchOpenResponse.FromString,
+                _registered_method=True)
         self.Sync = channel.unary_unary(
                 '/emberfs.MetaService/Sync',
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.SyncRequest.SerializeToString,
@@ -159,6 +164,12 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Open(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchOpen(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -275,6 +286,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Open,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.OpenRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.OpenResponse.SerializeToString,
+            ),
+            'BatchOpen': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchOpen,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchOpenRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.BatchOpenResponse.SerializeToString,
             ),
             'Sync': grpc.unary_unary_rpc_method_handler(
                     servicer.Sync,
@@ -482,6 +498,33 @@ class MetaService:
             '/emberfs.MetaService/Open',
             emberfs_dot_proto_dot_meta__pb2.OpenRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.OpenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchOpen(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/BatchOpen',
+            emberfs_dot_proto_dot_meta__pb2.BatchOpenRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.BatchOpenResponse.FromString,
             options,
             channel_credentials,
             insecure,

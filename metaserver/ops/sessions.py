@@ -17,10 +17,10 @@ loses its unsynced length.
 
 from __future__ import annotations
 
-from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
+from emberfs.common.errors import EmberError, InvalidArgument, IsADirectory, NotFound
 from emberfs.metaserver import keys, schema
 from emberfs.metaserver.kv import KVEngine
-from emberfs.metaserver.ops import access, create, lookup, remove
+from emberfs.metaserver.ops import access, create, lookup, remove, stat
 from emberfs.metaserver.ops.context import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
@@ -65,6 +65,8 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
     if flags & meta_pb2.OPEN_EXCLUSIVE and not flags & meta_pb2.OPEN_CREATE:
         raise InvalidArgument("OPEN_EXCLUSIVE needs OPEN_CREATE")
     write = is_write_open(flags)
+    if not write and not flags & meta_pb2.OPEN_CREATE:
+        return meta_pb2.OpenResponse(attr=_open_for_read(op, req.path))
     created = False
     if flags & meta_pb2.OPEN_CREATE:
         attr, created = create.create_file(
@@ -89,6 +91,31 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
         op.put_inode(attr)
     session_id = op.add_session(attr.inode)
     return meta_pb2.OpenResponse(attr=attr, session_id=session_id)
+
+
+def _open_for_read(op: OpContext, path: str) -> common_pb2.InodeAttr:
+    """What a read-only open of ``path`` returns: its attributes, once read permission holds."""
+    attr = lookup.resolve(op, path, follow=True).require(path)
+    access.check(attr, op.creds, access.READ, path)
+    return attr
+
+
+def batch_open(op: OpContext, req: meta_pb2.BatchOpenRequest) -> meta_pb2.BatchOpenResponse:
+    """Read-only opens of many paths in one call; each result has the attributes or an errno.
+
+    A path gets what :func:`open_file` with flags 0 gives it (a directory
+    included), so a client can open a list of files with one round trip.
+    """
+    if len(req.paths) > stat.MAX_BATCH:
+        raise InvalidArgument(f"more than {stat.MAX_BATCH} paths in one batch")
+    out = meta_pb2.BatchOpenResponse()
+    for path in req.paths:
+        result = out.results.add()
+        try:
+            result.attr.CopyFrom(_open_for_read(op, path))
+        except EmberError as exc:
+            result.errno = exc.errno
+    return out
 
 
 def _session_file(op: OpContext, inode: int, session_id: int) -> common_pb2.InodeAttr:

@@ -111,6 +111,28 @@ def test_stat_by_inode_and_batch(ns):
     assert got == [(0, f.inode), (errno.ENOENT, 0), (errno.ENOTDIR, 0), (0, 1), (errno.EINVAL, 0)]
 
 
+def test_batch_open_gives_what_a_read_open_gives(ns):
+    f = ns.create(meta_pb2.CreateRequest(path="/f")).attr
+    ns.symlink(meta_pb2.SymlinkRequest(path="/s", target="/f"))
+    paths = ["/f", "/missing", "/f/x", "/", "/s", "a\0b"]
+    out = ns.batch_open(meta_pb2.BatchOpenRequest(paths=paths))
+    got = [(r.errno, r.attr.inode) for r in out.results]
+    assert got == [
+        (0, f.inode),
+        (errno.ENOENT, 0),
+        (errno.ENOTDIR, 0),
+        (0, 1),
+        (0, f.inode),
+        (errno.EINVAL, 0),
+    ]
+    for path, r in zip(paths, out.results, strict=True):
+        if not r.errno:
+            assert r.attr == ns.open(meta_pb2.OpenRequest(path=path)).attr
+    assert out.results[0].attr.layout.chains  # what a reader needs to find the chunks
+    with pytest.raises(errors.InvalidArgument):
+        ns.batch_open(meta_pb2.BatchOpenRequest(paths=["/f"] * 10001))
+
+
 def test_validation_errors(ns):
     with pytest.raises(errors.NameTooLong):
         ns.create(meta_pb2.CreateRequest(path="/" + "x" * 256))

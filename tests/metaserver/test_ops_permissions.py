@@ -39,6 +39,16 @@ def test_search_permission_on_every_directory(ns):
     assert [r.errno for r in out.results] == [13, 0]
 
 
+def test_batch_open_needs_read_permission_as_open_does(ns):
+    paths = ["/home/notes", "/private/secret", "/home"]
+    out = ns.batch_open(meta_pb2.BatchOpenRequest(ctx=BOB, paths=paths))
+    assert [r.errno for r in out.results] == [13, 13, 0]
+    with pytest.raises(errors.PermissionDenied):
+        ns.open(meta_pb2.OpenRequest(ctx=BOB, path="/home/notes"))
+    out = ns.batch_open(meta_pb2.BatchOpenRequest(ctx=BOB_IN_ALICES_GROUP, paths=paths[:1]))
+    assert [r.errno for r in out.results] == [0]
+
+
 def test_write_and_search_on_parent_to_change_entries(ns):
     for call in (
         lambda: ns.create(meta_pb2.CreateRequest(ctx=BOB, path="/home/mine")),
