@@ -61,6 +61,11 @@ class OpenHandle:
     def from_open(cls, path: str, resp) -> OpenHandle:
         return cls(path, resp.attr, resp.session_id, list(resp.attr.layout.chains))
 
+    @classmethod
+    def for_read(cls, path: str, attr: common_pb2.InodeAttr) -> OpenHandle:
+        """The handle of a read-only open that returned ``attr`` (no session)."""
+        return cls(path, attr, 0, list(attr.layout.chains))
+
 
 def stale_session(path: str) -> OSError:
     """The error of a write to a file whose write session the metaserver ended."""

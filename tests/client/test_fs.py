@@ -8,6 +8,7 @@ import os
 import time
 
 import fsspec
+import httpx
 import pytest
 
 from emberfs.client.fs import EmberFileSystem
@@ -197,6 +198,50 @@ def test_cat_ranges_concurrent_and_errors(fs, base):
     assert isinstance(out[3], FileNotFoundError)
     with pytest.raises(FileNotFoundError):
         fs.cat_ranges(paths, [0] * 4, [1] * 4, on_error="raise")
+
+
+def meta_calls(cluster) -> dict[str, float]:
+    """The metaserver's count of served ``MetaService`` calls, by method."""
+    text = httpx.get(f"{cluster.admin_url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("emberfs_meta_requests_total{") and 'service="MetaService"' in line:
+            method = line.split('method="', 1)[1].split('"', 1)[0]
+            out[method] = out.get(method, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_cat_of_many_files_opens_them_in_one_call(fs, base, cluster):
+    d = f"{base}/many"
+    blobs = {f"{d}/f{i:02d}": os.urandom(i * 997) for i in range(30)}
+    blobs[f"{d}/big"] = os.urandom(9 * MiB + 5)  # three chunks
+    for path, data in blobs.items():
+        fs.pipe_file(path, data)
+    fs.mkdir(f"{d}/sub")
+
+    before = meta_calls(cluster)
+    assert fs.cat(sorted(blobs)) == blobs
+    after = meta_calls(cluster)
+    assert after.get("BatchOpen", 0) - before.get("BatchOpen", 0) == 1
+    assert after.get("Open", 0) == before.get("Open", 0)
+
+    assert fs.cat(sorted(blobs), start=3, end=2000) == {p: b[3:2000] for p, b in blobs.items()}
+    # a glob that also matches a directory
+    with pytest.raises(IsADirectoryError):
+        fs.cat(f"{d}/*")
+    assert fs.cat(f"{d}/*", on_error="omit") == blobs
+    got = fs.cat(f"{d}/*", on_error="return")
+    assert isinstance(got.pop(f"{d}/sub"), IsADirectoryError) and got == blobs
+    # missing files, and a path through a file
+    wanted = [f"{d}/nope", f"{d}/f05", f"{d}/f05/x"]
+    with pytest.raises(NotADirectoryError):  # the first failure in sorted order, as fsspec's
+        fs.cat(wanted)
+    assert fs.cat(wanted, on_error="omit") == {f"{d}/f05": blobs[f"{d}/f05"]}
+    got = fs.cat(wanted, on_error="return")
+    assert isinstance(got[f"{d}/nope"], FileNotFoundError)
+    assert isinstance(got[f"{d}/f05/x"], NotADirectoryError)
+    # one path stays a plain cat_file
+    assert fs.cat(f"{d}/f07") == blobs[f"{d}/f07"]
 
 
 def test_pipe_file_create_mode(fs, base):
