@@ -2,15 +2,18 @@
 
 Against a running cluster (``--meta HOST:PORT`` or ``EMBERFS_META``) or a
 temporary local one (``--local``: a :class:`~emberfs.cli.localcluster.LocalCluster`
-in a temporary directory, stopped at the end), it runs five phases in a
+in a temporary directory, stopped at the end), it runs six phases in a
 directory of its own:
 
 1. write big files (``--big-files`` per thread, ``--big-file-size`` each),
    one operation per ``--block-size`` written;
 2. read them back sequentially (one operation per block read);
 3. write small files (``--small-files`` per thread, ``--small-file-size`` each);
-4. read the small files whole (``cat_file``);
-5. stat the small files.
+4. read the small files whole, one ``cat_file`` each;
+5. read them again with one ``cat`` of each thread's list (one metaserver call
+   opens them all, and their chunks are fetched in parallel); its latency is
+   that of the whole call;
+6. stat the small files.
 
 Every phase runs ``--threads`` threads. Progress shows while it runs (rich
 when installed, plain lines otherwise), then a table of throughput and
@@ -60,7 +63,8 @@ class PhaseResult:
     seconds : float
         Wall time of the phase.
     latencies : list of float
-        Seconds of each operation.
+        Seconds of each timed call: one per operation, except in the batch
+        phase, where one call reads a thread's whole list of files.
     """
 
     name: str
@@ -183,7 +187,7 @@ def _run_threads(threads: int, work: Callable[[int], None]) -> float:
 
 
 def run_bench(fs, cfg: BenchConfig, progress: _Progress, keep: bool = False) -> list[PhaseResult]:
-    """Run the five phases against ``fs`` (an EmberFileSystem); returns their results.
+    """Run the six phases against ``fs`` (an EmberFileSystem); returns their results.
 
     Files go under ``cfg.directory``/<a unique name>, removed at the end
     unless ``keep``.
@@ -200,12 +204,12 @@ def run_bench(fs, cfg: BenchConfig, progress: _Progress, keep: bool = False) -> 
     results: list[PhaseResult] = []
     lock = threading.Lock()
 
-    def record(res: PhaseResult, seconds: float, nbytes: int) -> None:
+    def record(res: PhaseResult, seconds: float, nbytes: int, ops: int = 1) -> None:
         with lock:
             res.latencies.append(seconds)
-            res.ops += 1
+            res.ops += ops
             res.bytes += nbytes
-        progress.advance()
+        progress.advance(ops)
 
     try:
         if cfg.big_files and cfg.big_file_size:
@@ -266,6 +270,18 @@ def run_bench(fs, cfg: BenchConfig, progress: _Progress, keep: bool = False) -> 
                     record(res, time.perf_counter() - started, len(data))
 
             res.seconds = _run_threads(cfg.threads, read_small)
+            results.append(res)
+
+            res = PhaseResult("cat small files (one call)")
+            progress.phase(res.name, cfg.threads * cfg.small_files)
+
+            def cat_small(t: int) -> None:
+                started = time.perf_counter()
+                got = fs.cat(small_paths[t])
+                seconds = time.perf_counter() - started
+                record(res, seconds, sum(len(v) for v in got.values()), ops=len(got))
+
+            res.seconds = _run_threads(cfg.threads, cat_small)
             results.append(res)
 
             res = PhaseResult("stat files")

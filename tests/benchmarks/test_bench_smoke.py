@@ -145,6 +145,7 @@ def test_emberfs_bench_local_json():
         "read big files",
         "write small files",
         "read small files",
+        "cat small files (one call)",
         "stat files",
     ]
     assert phases["write big files"]["bytes"] == 2 * 2 * 6 << 20
@@ -152,6 +153,8 @@ def test_emberfs_bench_local_json():
     assert phases["write big files"]["ops"] == 2 * 2 * 6
     assert phases["write small files"]["ops"] == 10
     assert phases["read small files"]["bytes"] == 10 * 10 * 1024
+    batch = phases["cat small files (one call)"]
+    assert batch["ops"] == 10 and batch["bytes"] == 10 * 10 * 1024
     assert phases["stat files"]["ops"] == 10 and phases["stat files"]["bytes"] == 0
     for p in phases.values():
         assert p["seconds"] > 0 and p["ops_per_s"] > 0
