@@ -623,6 +623,32 @@ class EmberFileSystem(AbstractFileSystem):
         with self.open(path, "xb" if mode == "create" else "wb") as f:
             f.write(bytes(value) if not isinstance(value, bytes) else value)
 
+    def pipe(self, path, value=None, **kwargs) -> None:
+        """Write one file, or many (``{path: bytes}``) at once.
+
+        The files of a dict are written up to ``max_workers`` at a time
+        (their metadata commits then share WAL syncs, and their chunks travel
+        together). Every file is attempted; then the first failed path's
+        error, in the dict's order, is raised. ``kwargs`` go to
+        :meth:`pipe_file` (``mode="create"``).
+        """
+        if isinstance(path, str):
+            self.pipe_file(self._strip_protocol(path), value, **kwargs)
+            return
+        if not isinstance(path, dict):
+            raise ValueError("path must be str or dict")
+        items = [(self._strip_protocol(k), v) for k, v in path.items()]
+        if len(items) <= 1:
+            for k, v in items:
+                self.pipe_file(k, v, **kwargs)
+            return
+        # a pool of its own: each file waits for chunk writes on the runtime's executor
+        with ThreadPoolExecutor(
+            min(len(items), self.max_workers), thread_name_prefix="emberfs-pipe"
+        ) as pool:
+            futures = [pool.submit(self.pipe_file, k, v, **kwargs) for k, v in items]
+        wait_all(futures)
+
     def _copy_stream(self, f1, f2, callback=None, size: int | None = None) -> None:
         size = getattr(f1, "size", None) if size is None else size
         if callback is not None and size is not None:

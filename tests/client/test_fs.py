@@ -244,6 +244,26 @@ def test_cat_of_many_files_opens_them_in_one_call(fs, base, cluster):
     assert fs.cat(f"{d}/f07") == blobs[f"{d}/f07"]
 
 
+def test_pipe_of_many_files_writes_them_together(fs, base):
+    d = f"{base}/piped"
+    blobs = {f"{d}/f{i:02d}": os.urandom(i * 1009) for i in range(40)}
+    blobs[f"{d}/deep/big"] = os.urandom(9 * MiB + 7)
+    fs.pipe(blobs)
+    assert fs.cat(sorted(blobs)) == blobs
+
+    # every file is attempted; the first failure in the dict's order is raised
+    again = {f"{d}/g0": b"zero", f"{d}/f05/x": b"under a file", f"{d}/g1": b"one"}
+    with pytest.raises(NotADirectoryError):
+        fs.pipe(again)
+    assert fs.cat([f"{d}/g0", f"{d}/g1"]) == {f"{d}/g0": b"zero", f"{d}/g1": b"one"}
+    assert not fs.exists(f"{d}/f05/x")
+    with pytest.raises(FileExistsError):
+        fs.pipe({f"{d}/g0": b"new", f"{d}/g2": b"two"}, mode="create")
+    assert fs.cat([f"{d}/g0", f"{d}/g2"]) == {f"{d}/g0": b"zero", f"{d}/g2": b"two"}
+    with pytest.raises(ValueError):
+        fs.pipe([f"{d}/g0"], b"x")
+
+
 def test_pipe_file_create_mode(fs, base):
     fs.pipe_file(f"{base}/p", b"one", mode="create")
     with pytest.raises(FileExistsError):
