@@ -559,9 +559,10 @@ class EmberFileSystem(AbstractFileSystem):
         As fsspec's ``cat``, but the files of a list, glob or directory are
         opened with one round trip to the metaserver (per 1000 paths) and all
         their chunks fetched in parallel, as :meth:`cat_ranges` does.
-        ``on_error``: ``"raise"`` (the first failed path's error, in path
-        order), ``"omit"`` (leave failed paths out) or ``"return"`` (the error
-        as the value).
+        ``on_error``: ``"raise"`` (the error of the first failed path in the
+        sorted order of ``expand_path``, once every file was tried),
+        ``"omit"`` (leave failed paths out) or ``"return"`` (the error as the
+        value).
         """
         paths = self.expand_path(path, recursive=recursive, **kwargs)
         if (
@@ -593,12 +594,14 @@ class EmberFileSystem(AbstractFileSystem):
             raise ValueError("paths, starts and ends must have the same length")
         stripped = [self._strip_protocol(p) for p in paths]
         handles = self._read_handles(stripped)
+        if on_error != "return":
+            for p in stripped:
+                if isinstance(handles[p], OSError):
+                    raise handles[p]  # before any read starts
         jobs = []
         for p, s, e in zip(stripped, starts, ends, strict=True):
             h = handles[p]
             if isinstance(h, OSError):
-                if on_error != "return":
-                    raise h
                 jobs.append((h, None, []))
                 continue
             lo, hi = self._range(h.size, s, e)
