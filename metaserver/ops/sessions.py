@@ -17,7 +17,7 @@ loses its unsynced length.
 
 from __future__ import annotations
 
-from emberfs.common.errors import EmberError, InvalidArgument, IsADirectory, NotFound
+from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
 from emberfs.metaserver import keys, schema
 from emberfs.metaserver.kv import KVEngine
 from emberfs.metaserver.ops import access, create, lookup, remove, stat
@@ -106,15 +106,8 @@ def batch_open(op: OpContext, req: meta_pb2.BatchOpenRequest) -> meta_pb2.BatchO
     A path gets what :func:`open_file` with flags 0 gives it (a directory
     included), so a client can open a list of files with one round trip.
     """
-    if len(req.paths) > stat.MAX_BATCH:
-        raise InvalidArgument(f"more than {stat.MAX_BATCH} paths in one batch")
     out = meta_pb2.BatchOpenResponse()
-    for path in req.paths:
-        result = out.results.add()
-        try:
-            result.attr.CopyFrom(_open_for_read(op, path))
-        except EmberError as exc:
-            result.errno = exc.errno
+    stat.per_path(req.paths, lambda p: _open_for_read(op, p), out.results)
     return out
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from emberfs.common.errors import EmberError, InvalidArgument, NotFound
 from emberfs.metaserver.ops import lookup
 from emberfs.metaserver.ops.context import OpContext
-from emberfs.proto import meta_pb2
+from emberfs.proto import common_pb2, meta_pb2
 
 MAX_BATCH = 10000
 
@@ -27,15 +29,23 @@ def stat(op: OpContext, req: meta_pb2.StatRequest) -> meta_pb2.StatResponse:
     return meta_pb2.StatResponse(attr=attr)
 
 
-def batch_stat(op: OpContext, req: meta_pb2.BatchStatRequest) -> meta_pb2.BatchStatResponse:
-    """Stat many paths in one call; each result has the attributes or an errno."""
-    if len(req.paths) > MAX_BATCH:
+def per_path(paths, attr_of: Callable[[str], common_pb2.InodeAttr], results) -> None:
+    """Add to ``results`` (``BatchStatResult``) each path's ``attr_of(path)``, or its errno.
+
+    InvalidArgument, and nothing added, for more than :data:`MAX_BATCH` paths.
+    """
+    if len(paths) > MAX_BATCH:
         raise InvalidArgument(f"more than {MAX_BATCH} paths in one batch")
-    out = meta_pb2.BatchStatResponse()
-    for path in req.paths:
-        result = out.results.add()
+    for path in paths:
+        result = results.add()
         try:
-            result.attr.CopyFrom(lookup.resolve(op, path, follow=req.follow).require(path))
+            result.attr.CopyFrom(attr_of(path))
         except EmberError as exc:
             result.errno = exc.errno
+
+
+def batch_stat(op: OpContext, req: meta_pb2.BatchStatRequest) -> meta_pb2.BatchStatResponse:
+    """Stat many paths in one call; each result has the attributes or an errno."""
+    out = meta_pb2.BatchStatResponse()
+    per_path(req.paths, lambda p: lookup.resolve(op, p, follow=req.follow).require(p), out.results)
     return out
