@@ -640,7 +640,8 @@ class EmberFileSystem(AbstractFileSystem):
             return
         if not isinstance(path, dict):
             raise ValueError("path must be str or dict")
-        items = [(self._strip_protocol(k), v) for k, v in path.items()]
+        # one write per file: of keys naming the same file the last wins, as in a loop
+        items = list({self._strip_protocol(k): v for k, v in path.items()}.items())
         if len(items) <= 1:
             for k, v in items:
                 self.pipe_file(k, v, **kwargs)

@@ -247,9 +247,12 @@ def test_cat_of_many_files_opens_them_in_one_call(fs, base, cluster):
 def test_pipe_of_many_files_writes_them_together(fs, base):
     d = f"{base}/piped"
     blobs = {f"{d}/f{i:02d}": os.urandom(i * 1009) for i in range(40)}
+    blobs.update({f"{d}/deep/er/n{i}": os.urandom(100 + i) for i in range(8)})  # one new parent
     blobs[f"{d}/deep/big"] = os.urandom(9 * MiB + 7)
     fs.pipe(blobs)
     assert fs.cat(sorted(blobs)) == blobs
+    fs.pipe({f"{d}/same": b"first", f"emberfs://{d}/same": b"last"})
+    assert fs.cat_file(f"{d}/same") == b"last"
 
     # every file is attempted; the first failure in the dict's order is raised
     again = {f"{d}/g0": b"zero", f"{d}/f05/x": b"under a file", f"{d}/g1": b"one"}
