@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime
 import errno
+import itertools
 import os
+import threading
 import time
 
 import fsspec
@@ -244,12 +246,24 @@ def test_cat_of_many_files_opens_them_in_one_call(fs, base, cluster):
     assert fs.cat(f"{d}/f07") == blobs[f"{d}/f07"]
 
 
-def test_pipe_of_many_files_writes_them_together(fs, base):
+def test_pipe_of_many_files_writes_them_together(fs, base, monkeypatch):
     d = f"{base}/piped"
     blobs = {f"{d}/f{i:02d}": os.urandom(i * 1009) for i in range(40)}
     blobs.update({f"{d}/deep/er/n{i}": os.urandom(100 + i) for i in range(8)})  # one new parent
     blobs[f"{d}/deep/big"] = os.urandom(9 * MiB + 7)
+    # the first two files must be in flight together (a loop would break the barrier)
+    together = threading.Barrier(2, timeout=30)
+    started = itertools.count()
+    pipe_file = fs.pipe_file
+
+    def meeting(path, value, **kwargs):
+        if next(started) < 2:
+            together.wait()
+        return pipe_file(path, value, **kwargs)
+
+    monkeypatch.setattr(fs, "pipe_file", meeting)
     fs.pipe(blobs)
+    monkeypatch.undo()
     assert fs.cat(sorted(blobs)) == blobs
     fs.pipe({f"{d}/same": b"first", f"emberfs://{d}/same": b"last"})
     assert fs.cat_file(f"{d}/same") == b"last"
