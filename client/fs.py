@@ -571,11 +571,10 @@ class EmberFileSystem(AbstractFileSystem):
             and paths[0] == self._strip_protocol(path)
         ):
             return self.cat_file(paths[0], **kwargs)
-        start, end = kwargs.get("start"), kwargs.get("end")
+        n = len(paths)  # expand_path gave them stripped
+        got_all = self._fetch_ranges(paths, [kwargs.get("start")] * n, [kwargs.get("end")] * n)
         out = {}
-        for p, got in zip(
-            paths, self.cat_ranges(paths, start, end, on_error="return"), strict=True
-        ):
+        for p, got in zip(paths, got_all, strict=True):
             if not isinstance(got, Exception):
                 out[p] = got
             elif on_error == "raise":
@@ -593,6 +592,10 @@ class EmberFileSystem(AbstractFileSystem):
         if len(starts) != len(paths) or len(ends) != len(paths):
             raise ValueError("paths, starts and ends must have the same length")
         stripped = [self._strip_protocol(p) for p in paths]
+        return self._fetch_ranges(stripped, starts, ends, on_error)
+
+    def _fetch_ranges(self, stripped: list[str], starts, ends, on_error="return") -> list:
+        """:meth:`cat_ranges` of paths already stripped, with one start and end per path."""
         handles = self._read_handles(stripped)
         if on_error != "return":
             for p in stripped:
