@@ -19,6 +19,12 @@ against the store and the writes of the transactions accepted before it in
 the same group - then writes all accepted transactions as one atomic batch
 with one WAL sync, and wakes the others. Under load a sync is shared by many
 commits; a lone committer leads its own group of one.
+
+A caller that commits many transactions in a row before it answers (one call
+of a batch RPC) can defer the sync: ``commit(sync=False)`` writes the batch to
+the WAL without syncing it (it survives the process's death, not a power
+loss), and one :meth:`KVEngine.sync` afterwards makes all of them durable. A
+group syncs when any of its commits asked for it.
 """
 
 from __future__ import annotations
@@ -65,8 +71,11 @@ class KVEngine(ABC):
         """Pairs with ``start <= key < end`` (no upper bound when end is None), in key order."""
 
     @abstractmethod
-    def _apply(self, puts: dict[bytes, bytes], deletes: set[bytes]) -> None:
-        """Apply a batch atomically and durably (called under the commit lock)."""
+    def _apply(self, puts: dict[bytes, bytes], deletes: set[bytes], sync: bool = True) -> None:
+        """Apply a batch atomically (called under the commit lock).
+
+        Durably when ``sync``; otherwise at the next :meth:`sync`.
+        """
 
     def __init__(self) -> None:
         self._commit_lock = threading.Lock()
@@ -93,14 +102,16 @@ class KVEngine(ABC):
         reads: dict[bytes, bytes | None],
         puts: dict[bytes, bytes],
         deletes: set[bytes],
+        sync: bool = True,
     ) -> None:
         """Apply ``puts``/``deletes`` atomically if every key in ``reads`` still has the value read.
 
         Raises :class:`Conflict` (nothing applied) when a key read has changed.
         Concurrent calls are grouped into one synced batch (see the module
         docstring); each still succeeds or fails on its own read set.
+        ``sync=False``: durable only after a later :meth:`sync`.
         """
-        mine = _PendingCommit(reads, puts, deletes)
+        mine = _PendingCommit(reads, puts, deletes, sync)
         with self._group_cond:
             self._group_queue.append(mine)
             while not mine.done and self._group_leader:
@@ -155,13 +166,16 @@ class KVEngine(ABC):
                 accepted.append(pending)
             if puts or deletes:
                 try:
-                    self._apply(puts, deletes)
+                    self._apply(puts, deletes, any(p.sync for p in accepted))
                 except Exception as exc:
                     for pending in accepted:
                         pending.error = exc
                     return
             for pending in accepted:
                 pending.applied = True
+
+    def sync(self) -> None:  # noqa: B027 - optional hook
+        """Make every commit so far durable (those made with ``sync=False`` too)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -170,12 +184,13 @@ class KVEngine(ABC):
 class _PendingCommit:
     """One transaction waiting in a commit group."""
 
-    __slots__ = ("reads", "puts", "deletes", "done", "applied", "error")
+    __slots__ = ("reads", "puts", "deletes", "sync", "done", "applied", "error")
 
-    def __init__(self, reads, puts, deletes) -> None:
+    def __init__(self, reads, puts, deletes, sync: bool = True) -> None:
         self.reads: dict[bytes, bytes | None] = reads
         self.puts: dict[bytes, bytes] = puts
         self.deletes: set[bytes] = deletes
+        self.sync = sync
         self.done = False
         self.applied = False
         self.error: BaseException | None = None
@@ -245,29 +260,32 @@ class Transaction:
             if limit is not None and count >= limit:
                 return
 
-    def commit(self) -> None:
-        self.engine.commit(self.reads, self.puts, self.deletes)
+    def commit(self, sync: bool = True) -> None:
+        self.engine.commit(self.reads, self.puts, self.deletes, sync=sync)
 
 
-def run_transaction(engine: KVEngine, fn: Callable[[Transaction], T], attempts: int = 16) -> T:
+def run_transaction(
+    engine: KVEngine, fn: Callable[[Transaction], T], attempts: int = 16, *, sync: bool = True
+) -> T:
     """Run ``fn`` in a fresh transaction and commit it, retrying on :class:`Conflict`.
 
     Retries wait a random moment that grows with each conflict (capped at
     20 ms), so transactions that collided in one commit group do not all
-    collide again in the next.
+    collide again in the next. ``sync=False`` defers the WAL sync to a later
+    :meth:`KVEngine.sync`.
     """
     for attempt in range(attempts - 1):
         txn = engine.transaction()
         result = fn(txn)
         try:
-            txn.commit()
+            txn.commit(sync)
             return result
         except Conflict:
             time.sleep(random.uniform(0, min(0.0005 * (2**attempt), 0.02)))
             continue
     txn = engine.transaction()
     result = fn(txn)
-    txn.commit()
+    txn.commit(sync)
     return result
 
 
@@ -292,7 +310,7 @@ class MemoryEngine(KVEngine):
             items = [(k, self._data[k]) for k in self._keys[i:j]]
         return iter(items)
 
-    def _apply(self, puts, deletes):
+    def _apply(self, puts, deletes, sync=True):
         with self._lock:
             for key in deletes:
                 if self._data.pop(key, _MISSING) is not _MISSING:
@@ -339,7 +357,7 @@ class RocksEngine(KVEngine):
                 break
             it.next()
 
-    def _apply(self, puts, deletes):
+    def _apply(self, puts, deletes, sync=True):
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
@@ -348,6 +366,10 @@ class RocksEngine(KVEngine):
         for key, value in puts.items():
             batch.put(key, value)
         self._db.write(batch, self._write_opts)
+        if sync:
+            self.sync()
+
+    def sync(self) -> None:
         if self._sync:
             self._db.flush_wal(True)
 

@@ -116,3 +116,33 @@ def test_rocksdb_commit_survives_kill_9(tmp_path):
             assert e.get(b"key%08d" % i) == b"v" * 100, i
     finally:
         e.close()
+
+
+def test_deferred_commits_share_one_sync(tmp_path):
+    """``commit(sync=False)`` writes without a WAL sync; ``sync()`` makes them all durable."""
+    e = kv.RocksEngine(tmp_path / "db")
+
+    class CountingSyncs:
+        def __init__(self, db):
+            self.db, self.syncs = db, 0
+
+        def flush_wal(self, sync):
+            self.syncs += sync
+            return self.db.flush_wal(sync)
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    db = e._db = CountingSyncs(e._db)
+    try:
+        for i in range(5):
+            kv.run_transaction(e, lambda t, i=i: t.put(b"k%d" % i, b"v"), sync=False)
+        assert db.syncs == 0
+        assert [k for k, _ in e.scan_prefix(b"k")] == [b"k%d" % i for i in range(5)]
+        e.sync()
+        assert db.syncs == 1
+        kv.run_transaction(e, lambda t: t.put(b"k9", b"v"))  # the default syncs
+        assert db.syncs == 2
+    finally:
+        e._db = db.db
+        e.close()

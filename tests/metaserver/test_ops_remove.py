@@ -110,9 +110,9 @@ def test_remove_recursive_is_one_transaction_with_gc_per_file(ns):
     commits = []
     real_commit = ns.engine.commit
 
-    def counting_commit(reads, puts, deletes):
+    def counting_commit(reads, puts, deletes, **kw):
         commits.append(len(deletes))
-        return real_commit(reads, puts, deletes)
+        return real_commit(reads, puts, deletes, **kw)
 
     ns.engine.commit = counting_commit
     removed = rm(ns, "/t", recursive=True)
