@@ -32,7 +32,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from emberfs.common import layout as layouts
-from emberfs.common.errors import Unavailable
+from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
 from emberfs.metaserver import keys, schema
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
 from emberfs.metaserver.ops import (
@@ -158,8 +158,11 @@ class Namespace:
 
     # running operations -----------------------------------------------------
 
-    def _run(self, fn: Op, req: Any, method: str | None) -> Message:
-        """Run ``fn(op, req)`` in one transaction; ``method`` set: deduplicate by request id."""
+    def _run(self, fn: Op, req: Any, method: str | None, *, sync: bool = True) -> Message:
+        """Run ``fn(op, req)`` in one transaction; ``method`` set: deduplicate by request id.
+
+        ``sync=False`` leaves the WAL sync of the commit to a later ``engine.sync()``.
+        """
         ctx = req.ctx
         creds = Credentials.from_request(ctx)
         dedup = method is not None and bool(ctx.client_id) and ctx.request_id != 0
@@ -182,12 +185,52 @@ class Namespace:
             return response
 
         try:
-            response = run_transaction(self.engine, attempt)
+            response = run_transaction(self.engine, attempt, sync=sync)
         except Conflict:
             raise Unavailable("the namespace is too busy; retry") from None
         if last:
             self._count(last[0])
         return response
+
+    def _run_each(
+        self,
+        fn: Op,
+        method: str,
+        ctx: common_pb2.RequestContext,
+        items: list[Message],
+        put: Callable[[Any, Message], None],
+        results,
+    ) -> None:
+        """Run ``fn`` on each of ``items`` as the call ``method`` would run it, one WAL sync in all.
+
+        Item i runs in a transaction of its own with ``ctx`` and request id
+        ``ctx.request_id + i`` (deduplicated as ``method``), so items before
+        a failed one stay done and a retried batch replays the ones it did.
+        Each adds a result to ``results``: ``put(result, response)`` stores the response,
+        or the result's ``errno`` is set. A retryable failure (Unavailable)
+        fails the whole call, as it would fail the single call, and the
+        client's retry of the same request picks up where it stopped.
+        """
+        if len(items) > stat.MAX_BATCH:
+            raise InvalidArgument(f"more than {stat.MAX_BATCH} items in one batch")
+        Credentials.from_request(ctx)  # a malformed context fails the whole call
+        base = ctx.request_id
+        if base and base + len(items) - 1 > idempotency.MAX_REQUEST_ID:
+            raise InvalidArgument("the batch's request ids run past 2**64 - 1")
+        try:
+            for i, item in enumerate(items):
+                item.ctx.CopyFrom(ctx)
+                if base:
+                    item.ctx.request_id = base + i
+                result = results.add()
+                try:
+                    put(result, self._run(fn, item, method, sync=False))
+                except EmberError as exc:
+                    if exc.retryable:
+                        raise
+                    result.errno = exc.errno
+        finally:
+            self.engine.sync()
 
     def _count(self, op: OpContext) -> None:
         """Apply the inode count changes of a committed operation."""
@@ -258,6 +301,25 @@ class Namespace:
         """Read-only opens of many paths, with an errno per failed path."""
         return self._run(sessions.batch_open, req, None)
 
+    def batch_write_open(
+        self, req: meta_pb2.BatchWriteOpenRequest
+    ) -> meta_pb2.BatchWriteOpenResponse:
+        """Write opens of many paths, each an ``Open`` of its own; one WAL sync."""
+        sessions.check_flags(req.flags)
+        if not sessions.is_write_open(req.flags):
+            raise InvalidArgument("BatchWriteOpen needs OPEN_WRITE (read-only opens: BatchOpen)")
+        out = meta_pb2.BatchWriteOpenResponse()
+        items = [meta_pb2.OpenRequest(path=p, flags=req.flags, mode=req.mode) for p in req.paths]
+        self._run_each(
+            sessions.open_file,
+            "Open",
+            req.ctx,
+            items,
+            lambda result, resp: result.opened.CopyFrom(resp),
+            out.results,
+        )
+        return out
+
     def sync(self, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
         """Set the exact length of a file open for write."""
         return self._run(sessions.sync, req, "Sync")
@@ -265,6 +327,25 @@ class Namespace:
     def close(self, req: meta_pb2.CloseRequest) -> meta_pb2.CloseResponse:
         """End a write session."""
         return self._run(sessions.close, req, "Close")
+
+    def batch_close(self, req: meta_pb2.BatchCloseRequest) -> meta_pb2.BatchCloseResponse:
+        """End many write sessions, each a ``Close`` of its own; one WAL sync."""
+        out = meta_pb2.BatchCloseResponse()
+        items = [
+            meta_pb2.CloseRequest(
+                inode=c.inode, session_id=c.session_id, length=c.length, wrote=c.wrote
+            )
+            for c in req.items
+        ]
+        self._run_each(
+            sessions.close,
+            "Close",
+            req.ctx,
+            items,
+            lambda result, resp: result.attr.CopyFrom(resp.attr),
+            out.results,
+        )
+        return out
 
     def renew_sessions(self, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSessionsResponse:
         """Renew write-session leases; the response lists sessions that are gone.

@@ -66,6 +66,12 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def Close(self, request, context):
         return self._call(self.namespace.close, request, context)
 
+    def BatchWriteOpen(self, request, context):
+        return self._call(self.namespace.batch_write_open, request, context)
+
+    def BatchClose(self, request, context):
+        return self._call(self.namespace.batch_close, request, context)
+
     def List(self, request, context):
         return self._call(self.namespace.list, request, context)
 

@@ -177,6 +177,58 @@ class CloseResponse(_message.Message):
     attr: _common_pb2.InodeAttr
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
+class BatchWriteOpenRequest(_message.Message):
+    __slots__ = ("ctx", "paths", "flags", "mode")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    flags: int
+    mode: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ...) -> None: ...
+
+class BatchWriteOpenResult(_message.Message):
+    __slots__ = ("opened", "errno")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    ERRNO_FIELD_NUMBER: _ClassVar[int]
+    opened: OpenResponse
+    errno: int
+    def __init__(self, opened: _Optional[_Union[OpenResponse, _Mapping]] = ..., errno: _Optional[int] = ...) -> None: ...
+
+class BatchWriteOpenResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchWriteOpenResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchWriteOpenResult, _Mapping]]] = ...) -> None: ...
+
+class CloseItem(_message.Message):
+    __slots__ = ("inode", "session_id", "length", "wrote")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    WROTE_FIELD_NUMBER: _ClassVar[int]
+    inode: int
+    session_id: int
+    length: int
+    wrote: bool
+    def __init__(self, inode: _Optional[int] = ..., session_id: _Optional[int] = ..., length: _Optional[int] = ..., wrote: _Optional[bool] = ...) -> None: ...
+
+class BatchCloseRequest(_message.Message):
+    __slots__ = ("ctx", "items")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    items: _containers.RepeatedCompositeFieldContainer[CloseItem]
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., items: _Optional[_Iterable[_Union[CloseItem, _Mapping]]] = ...) -> None: ...
+
+class BatchCloseResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchStatResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchStatResult, _Mapping]]] = ...) -> None: ...
+
 class SessionRef(_message.Message):
     __slots__ = ("inode", "session_id")
     INODE_FIELD_NUMBER: _ClassVar[int]

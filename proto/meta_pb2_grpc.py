@@ -74,6 +74,16 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.CloseRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.CloseResponse.FromString,
                 _registered_method=True)
+        self.BatchWriteOpen = channel.unary_unary(
+                '/emberfs.MetaService/BatchWriteOpen',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.BatchWriteOpenRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchWriteOpenResponse.FromString,
+                _registered_method=True)
+        self.BatchClose = channel.unary_unary(
+                '/emberfs.MetaService/BatchClose',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseResponse.FromString,
+                _registered_method=True)
         self.List = channel.unary_unary(
                 '/emberfs.MetaService/List',
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.ListRequest.SerializeToString,
@@ -182,6 +192,18 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Close(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchWriteOpen(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchClose(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -301,6 +323,16 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.CloseRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.CloseResponse.SerializeToString,
+            ),
+            'BatchWriteOpen': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchWriteOpen,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchWriteOpenRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.BatchWriteOpenResponse.SerializeToString,
+            ),
+            'BatchClose': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchClose,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseResponse.SerializeToString,
             ),
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
@@ -579,6 +611,60 @@ class MetaService:
             '/emberfs.MetaService/Close',
             emberfs_dot_proto_dot_meta__pb2.CloseRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.CloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchWriteOpen(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/BatchWriteOpen',
+            emberfs_dot_proto_dot_meta__pb2.BatchWriteOpenRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.BatchWriteOpenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchClose(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/BatchClose',
+            emberfs_dot_proto_dot_meta__pb2.BatchCloseRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.BatchCloseResponse.FromString,
             options,
             channel_credentials,
             insecure,

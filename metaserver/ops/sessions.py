@@ -46,6 +46,14 @@ def is_mutating_open(flags: int) -> bool:
     return bool(flags & (WRITE_FLAGS | meta_pb2.OPEN_CREATE))
 
 
+def check_flags(flags: int) -> None:
+    """InvalidArgument for open flags no open accepts."""
+    if flags & ~ALL_FLAGS:
+        raise InvalidArgument(f"unknown open flags {flags & ~ALL_FLAGS:#x}")
+    if flags & meta_pb2.OPEN_EXCLUSIVE and not flags & meta_pb2.OPEN_CREATE:
+        raise InvalidArgument("OPEN_EXCLUSIVE needs OPEN_CREATE")
+
+
 def validate_length(length: int) -> None:
     if length > MAX_LENGTH:
         raise InvalidArgument(f"length {length} is too large")
@@ -60,10 +68,7 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
     committed. Opening a directory for write gives IsADirectory.
     """
     flags = req.flags
-    if flags & ~ALL_FLAGS:
-        raise InvalidArgument(f"unknown open flags {flags & ~ALL_FLAGS:#x}")
-    if flags & meta_pb2.OPEN_EXCLUSIVE and not flags & meta_pb2.OPEN_CREATE:
-        raise InvalidArgument("OPEN_EXCLUSIVE needs OPEN_CREATE")
+    check_flags(flags)
     write = is_write_open(flags)
     if not write and not flags & meta_pb2.OPEN_CREATE:
         return meta_pb2.OpenResponse(attr=_open_for_read(op, req.path))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from emberfs.common import errors
@@ -202,11 +204,11 @@ def racing(ns, action):
     real = ns.engine.commit
     state = {"armed": True}
 
-    def commit(reads, puts, deletes):
+    def commit(reads, puts, deletes, **kw):
         if state["armed"]:
             state["armed"] = False
             action()
-        return real(reads, puts, deletes)
+        return real(reads, puts, deletes, **kw)
 
     ns.engine.commit = commit
 
@@ -258,11 +260,11 @@ def test_endless_conflicts_become_unavailable(ns):
     real = ns.engine.commit
     attempts = []
 
-    def always_racing(reads, puts, deletes):
+    def always_racing(reads, puts, deletes, **kw):
         # another request moves the directory's entry guard before every commit
         attempts.append(1)
         ns.engine.write({keys.dentry_prefix(d): str(len(attempts)).encode()})
-        return real(reads, puts, deletes)
+        return real(reads, puts, deletes, **kw)
 
     ns.engine.commit = always_racing
     with pytest.raises(errors.Unavailable):
@@ -270,3 +272,37 @@ def test_endless_conflicts_become_unavailable(ns):
     ns.engine.commit = real
     assert len(attempts) == 16
     assert ns.stat(meta_pb2.StatRequest(path="/d")).attr.type == common_pb2.DIRECTORY
+
+
+def test_batch_write_open_and_close_retries_apply_once(ns):
+    flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE | meta_pb2.OPEN_EXCLUSIVE
+    req = meta_pb2.BatchWriteOpenRequest(ctx=ctx(10), paths=["/a", "/b", "/a"], flags=flags)
+    first = ns.batch_write_open(req)
+    # path i is the Open with request id 10 + i: the repeated exclusive create fails on its own
+    assert [r.errno for r in first.results] == [0, 0, errno.EEXIST]
+    assert ns.batch_write_open(req) == first  # a retry opens nothing twice
+    assert ns.counts()["files"] == 2 and len(ns.sessions()) == 2
+    # the ids are those of single Opens: request 11 is the open of /b
+    single = ns.open(meta_pb2.OpenRequest(ctx=ctx(11), path="/b", flags=flags))
+    assert single == first.results[1].opened
+    with pytest.raises(errors.AlreadyExists):  # a fresh request id is a new open
+        ns.open(meta_pb2.OpenRequest(ctx=ctx(13), path="/b", flags=flags))
+
+    items = [
+        meta_pb2.CloseItem(
+            inode=r.opened.attr.inode, session_id=r.opened.session_id, length=3, wrote=True
+        )
+        for r in first.results[:2]
+    ]
+    close = meta_pb2.BatchCloseRequest(ctx=ctx(20), items=items)
+    closed = ns.batch_close(close)
+    assert [r.errno for r in closed.results] == [0, 0]
+    assert ns.batch_close(close) == closed  # the retry finds both closes done
+    assert ns.sessions() == []
+    with pytest.raises(errors.InvalidArgument):  # ids past 2**64 - 1
+        ns.batch_write_open(
+            meta_pb2.BatchWriteOpenRequest(
+                ctx=ctx(2**64 - 2), paths=["/c", "/d", "/e"], flags=flags
+            )
+        )
+    assert not ns.batch_stat(meta_pb2.BatchStatRequest(paths=["/c"])).results[0].attr.inode

@@ -133,6 +133,48 @@ def test_batch_open_gives_what_a_read_open_gives(ns):
         ns.batch_open(meta_pb2.BatchOpenRequest(paths=["/f"] * 10001))
 
 
+def test_batch_write_open_gives_what_open_gives_and_batch_close_what_close_gives(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
+    old = ns.create(meta_pb2.CreateRequest(path="/d/old")).attr
+    flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE | meta_pb2.OPEN_TRUNCATE
+    paths = ["/d/a", "/missing/b", "/d/old", "/d", "/d/old/x", "/d/c"]
+    out = ns.batch_write_open(meta_pb2.BatchWriteOpenRequest(paths=paths, flags=flags, mode=0o600))
+    assert [r.errno for r in out.results] == [0, errno.ENOENT, 0, errno.EISDIR, errno.ENOTDIR, 0]
+    a, _, o, _, _, c = out.results
+    assert o.opened.attr.inode == old.inode
+    assert a.opened.attr.mode == 0o600 and a.opened.attr.layout.chains
+    sessions = {r.opened.session_id for r in (a, o, c)}
+    assert len(sessions) == 3 and 0 not in sessions
+    assert ns.counts()["files"] == 3
+    # the sessions are real: Close ends them with their lengths, once
+    items = [
+        meta_pb2.CloseItem(
+            inode=a.opened.attr.inode, session_id=a.opened.session_id, length=5, wrote=True
+        ),
+        meta_pb2.CloseItem(inode=o.opened.attr.inode, session_id=o.opened.session_id),
+        meta_pb2.CloseItem(inode=c.opened.attr.inode, session_id=999, length=1, wrote=True),
+    ]
+    closed = ns.batch_close(meta_pb2.BatchCloseRequest(items=items))
+    assert [r.errno for r in closed.results] == [0, 0, errno.EINVAL]
+    assert closed.results[0].attr.size == 5 and stat(ns, "/d/a").size == 5
+    again = ns.batch_close(meta_pb2.BatchCloseRequest(items=items[:1]))
+    assert again.results[0].errno == errno.EINVAL  # that session ended
+    assert [s["inode"] for s in ns.sessions()] == [c.opened.attr.inode]
+    # exclusive creates refuse existing paths, one by one
+    excl = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE | meta_pb2.OPEN_EXCLUSIVE
+    out = ns.batch_write_open(meta_pb2.BatchWriteOpenRequest(paths=["/d/a", "/d/e"], flags=excl))
+    assert [r.errno for r in out.results] == [errno.EEXIST, 0]
+    # whole-call errors: no write flag, bad flags, too many paths
+    for bad in (0, meta_pb2.OPEN_CREATE, 1 << 10, meta_pb2.OPEN_WRITE | meta_pb2.OPEN_EXCLUSIVE):
+        with pytest.raises(errors.InvalidArgument):
+            ns.batch_write_open(meta_pb2.BatchWriteOpenRequest(paths=["/d/z"], flags=bad))
+    with pytest.raises(errors.InvalidArgument):
+        ns.batch_write_open(meta_pb2.BatchWriteOpenRequest(paths=["/d/z"] * 10001, flags=flags))
+    with pytest.raises(errors.InvalidArgument):
+        ns.batch_close(meta_pb2.BatchCloseRequest(items=items[:1] * 10001))
+    assert not ns.batch_open(meta_pb2.BatchOpenRequest(paths=["/d/z"])).results[0].attr.inode
+
+
 def test_validation_errors(ns):
     with pytest.raises(errors.NameTooLong):
         ns.create(meta_pb2.CreateRequest(path="/" + "x" * 256))
