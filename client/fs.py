@@ -30,6 +30,7 @@ from emberfs.client.file import (
     SessionLeases,
     as_bytes,
     result_buffer,
+    stale_session,
     wait_all,
 )
 from emberfs.client.memory import keep_freed_memory
@@ -629,32 +630,119 @@ class EmberFileSystem(AbstractFileSystem):
         with self.open(path, "xb" if mode == "create" else "wb") as f:
             f.write(bytes(value) if not isinstance(value, bytes) else value)
 
-    def pipe(self, path, value=None, **kwargs) -> None:
+    def pipe(self, path, value=None, mode: str = "overwrite", **kwargs) -> None:
         """Write one file, or many (``{path: bytes}``) at once.
 
-        The files of a dict are written up to ``max_workers`` at a time
-        (their metadata commits then share WAL syncs, and their chunks travel
-        together). Every file is attempted; then the first failed path's
-        error, in the dict's order, is raised. ``kwargs`` go to
-        :meth:`pipe_file` (``mode="create"``).
+        The files of a dict are opened with one metaserver call (per 1000
+        files, ``BatchWriteOpen``), all their chunks are written at once, and
+        their write sessions end with one more call (``BatchClose``). Every
+        file is attempted; then the first failed path's error, in the dict's
+        order, is raised. ``mode="create"`` refuses existing paths, as
+        :meth:`pipe_file` does.
         """
         if isinstance(path, str):
-            self.pipe_file(self._strip_protocol(path), value, **kwargs)
+            self.pipe_file(self._strip_protocol(path), value, mode=mode, **kwargs)
             return
         if not isinstance(path, dict):
             raise ValueError("path must be str or dict")
         # one write per file: of keys naming the same file the last wins, as in a loop
-        items = list({self._strip_protocol(k): v for k, v in path.items()}.items())
+        items = {self._strip_protocol(k): v for k, v in path.items()}
         if len(items) <= 1:
-            for k, v in items:
-                self.pipe_file(k, v, **kwargs)
+            for k, v in items.items():
+                self.pipe_file(k, v, mode=mode, **kwargs)
             return
-        # a pool of its own: each file waits for chunk writes on the runtime's executor
-        with ThreadPoolExecutor(
-            min(len(items), self.max_workers), thread_name_prefix="emberfs-pipe"
-        ) as pool:
-            futures = [pool.submit(self.pipe_file, k, v, **kwargs) for k, v in items]
-        wait_all(futures)
+        self._write_files(items, exclusive=mode == "create")
+
+    def _write_handles(self, paths: list[str], flags: int) -> dict[str, OpenHandle | OSError]:
+        """Write opens of (stripped) ``paths`` with ``flags``: each a handle or its open's error.
+
+        One ``BatchWriteOpen`` round trip per 1000 paths; with ``auto_mkdir``
+        the missing parents of paths that failed with ENOENT are made, and
+        those paths opened again in one more call.
+        """
+        got: dict[str, meta_pb2.OpenResponse | OSError] = dict(
+            zip(paths, self._meta.batch_write_open(paths, flags), strict=True)
+        )
+        missing = [p for p, g in got.items() if isinstance(g, FileNotFoundError)]
+        if missing and self.auto_mkdir:
+            retry = []
+            made: dict[str, OSError | None] = {}
+            for p in missing:
+                parent = self._parent(p)
+                if parent not in made:
+                    try:
+                        self._meta.mkdir(parent, parents=True)
+                        made[parent] = None
+                    except OSError as exc:
+                        made[parent] = exc
+                if made[parent] is None:
+                    retry.append(p)
+                else:
+                    got[p] = made[parent]  # what a single open would raise
+            if retry:
+                got.update(zip(retry, self._meta.batch_write_open(retry, flags), strict=True))
+        return {
+            p: g if isinstance(g, OSError) else OpenHandle.from_open(p, g) for p, g in got.items()
+        }
+
+    def _write_files(self, items: dict, exclusive: bool = False) -> None:
+        """Write whole files ``{stripped path: bytes-like}``, all at once.
+
+        One ``BatchWriteOpen`` (per 1000), every chunk of every file on the
+        runtime's executor together, then one ``BatchClose`` with the exact
+        lengths (a file whose writes failed keeps the length it was opened
+        with, as :meth:`EmberFile.close` leaves it). Every file is attempted;
+        the first failure in ``items``' order is raised.
+        """
+        flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
+        flags |= meta_pb2.OPEN_EXCLUSIVE if exclusive else meta_pb2.OPEN_TRUNCATE
+        datas = {p: v if isinstance(v, bytes) else bytes(v) for p, v in items.items()}
+        handles = self._write_handles(list(datas), flags)
+        failed: dict[str, BaseException] = {
+            p: h for p, h in handles.items() if isinstance(h, OSError)
+        }
+        opened = {p: h for p, h in handles.items() if not isinstance(h, OSError)}
+        leases = self._leases()
+        try:
+            writes = {}
+            for p, h in opened.items():
+                leases.register(h)
+                view = memoryview(datas[p])
+                writes[p] = [
+                    self._submit_write(
+                        h, s.file_offset, view[s.file_offset : s.file_offset + s.length]
+                    )
+                    for s in chunk_spans(0, len(view), h.chunk_size)
+                ]
+            closing = []
+            for p, h in opened.items():
+                try:
+                    wait_all(writes[p])
+                except BaseException as exc:
+                    failed[p] = exc
+                if h.expired:
+                    failed.setdefault(p, stale_session(p))
+                    continue
+                closing.append((p, h))
+            ended = self._meta.batch_close(
+                [(h.inode, h.session_id, len(datas[p]), p not in failed) for p, h in closing],
+                [p for p, _ in closing],
+            )
+            for (p, h), got in zip(closing, ended, strict=True):
+                if isinstance(got, OSError):
+                    stale = got.errno == errno.EINVAL  # Close finds no such session
+                    failed.setdefault(p, stale_session(p) if stale else got)
+                else:
+                    h.attr = got
+        finally:
+            for h in opened.values():
+                leases.unregister(h)
+        for p in datas:
+            if p in failed:
+                error = failed[p]
+                if isinstance(error, OSError):
+                    raise error
+                raise OSError(errno.EIO, f"writing {p} failed: {error}") from error
 
     def _copy_stream(self, f1, f2, callback=None, size: int | None = None) -> None:
         size = getattr(f1, "size", None) if size is None else size

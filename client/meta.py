@@ -30,7 +30,8 @@ from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2, meta_pb2, m
 
 T = TypeVar("T")
 
-#: Paths per ``BatchOpen`` call (the metaserver takes up to 10000).
+#: Paths (or sessions) per ``BatchOpen``, ``BatchWriteOpen`` or ``BatchClose`` call
+#: (the metaserver takes up to 10000).
 BATCH_OPEN = 1000
 
 # gRPC status codes worth retrying: the server is not reachable now, or timed out.
@@ -110,9 +111,13 @@ class RequestIds:
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
 
-    def next(self) -> int:
+    def next(self, n: int = 1) -> int:
+        """The first of ``n`` consecutive unused request ids."""
         with self._lock:
-            return next(self._counter)
+            first = next(self._counter)
+            if n > 1:
+                self._counter = itertools.count(first + n)
+            return first
 
 
 class MetaClient:
@@ -191,11 +196,11 @@ class MetaClient:
             self._channel = self._meta = self._cluster = None
 
     # calls -------------------------------------------------------------------
-    def context(self) -> common_pb2.RequestContext:
-        """A request context with the next request id."""
+    def context(self, ids: int = 1) -> common_pb2.RequestContext:
+        """A request context with the next request id (the first of ``ids`` reserved)."""
         return common_pb2.RequestContext(
             client_id=self.ids.client_id,
-            request_id=self.ids.next(),
+            request_id=self.ids.next(ids),
             uid=self._uid,
             gid=self._gid,
             groups=self._groups,
@@ -242,12 +247,61 @@ class MetaClient:
         for i in range(0, len(paths), BATCH_OPEN):
             part = list(paths[i : i + BATCH_OPEN])
             req = meta_pb2.BatchOpenRequest(ctx=self.context(), paths=part)
-            results = self.meta("BatchOpen", req).results
-            if len(results) != len(part):
-                raise OSError(errno.EIO, "BatchOpen answered for the wrong number of paths")
+            results = self._batch("BatchOpen", req, len(part))
             for path, r in zip(part, results, strict=True):
                 out.append(errors.oserror(r.errno, "", path) if r.errno else r.attr)
         return out
+
+    def batch_write_open(
+        self, paths: Sequence[str], flags: int, mode: int = 0o644
+    ) -> list[meta_pb2.OpenResponse | OSError]:
+        """Write opens of many paths with ``flags``, :data:`BATCH_OPEN` to a round trip.
+
+        One entry per path, in order: what ``Open`` returns, or the OSError
+        subclass it would raise. Each path has a request id of its own, so a
+        retried call opens nothing twice.
+        """
+        out: list[meta_pb2.OpenResponse | OSError] = []
+        for i in range(0, len(paths), BATCH_OPEN):
+            part = list(paths[i : i + BATCH_OPEN])
+            req = meta_pb2.BatchWriteOpenRequest(
+                ctx=self.context(len(part)), paths=part, flags=flags, mode=mode
+            )
+            results = self._batch("BatchWriteOpen", req, len(part))
+            for path, r in zip(part, results, strict=True):
+                out.append(errors.oserror(r.errno, "", path) if r.errno else r.opened)
+        return out
+
+    def batch_close(
+        self, items: Sequence[tuple[int, int, int, bool]], paths: Sequence[str]
+    ) -> list[common_pb2.InodeAttr | OSError]:
+        """End many write sessions, :data:`BATCH_OPEN` to a round trip.
+
+        ``items`` are ``(inode, session_id, length, wrote)`` as for
+        :meth:`close_file`, ``paths`` name them in errors. One entry per item,
+        in order: the file's attributes, or the OSError subclass ``Close``
+        would raise.
+        """
+        out: list[common_pb2.InodeAttr | OSError] = []
+        for i in range(0, len(items), BATCH_OPEN):
+            part = items[i : i + BATCH_OPEN]
+            req = meta_pb2.BatchCloseRequest(
+                ctx=self.context(len(part)),
+                items=[
+                    meta_pb2.CloseItem(inode=n, session_id=s, length=length, wrote=w)
+                    for n, s, length, w in part
+                ],
+            )
+            results = self._batch("BatchClose", req, len(part))
+            for path, r in zip(paths[i : i + BATCH_OPEN], results, strict=True):
+                out.append(errors.oserror(r.errno, "", path) if r.errno else r.attr)
+        return out
+
+    def _batch(self, method: str, req, n: int):
+        results = self.meta(method, req).results
+        if len(results) != n:
+            raise OSError(errno.EIO, f"{method} answered for the wrong number of items")
+        return results
 
     def close_file(
         self, inode: int, session_id: int, length: int, wrote: bool, path: str | None = None

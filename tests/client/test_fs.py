@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import datetime
 import errno
-import itertools
 import os
-import threading
 import time
 
 import fsspec
@@ -246,25 +244,27 @@ def test_cat_of_many_files_opens_them_in_one_call(fs, base, cluster):
     assert fs.cat(f"{d}/f07") == blobs[f"{d}/f07"]
 
 
-def test_pipe_of_many_files_writes_them_together(fs, base, monkeypatch):
+def test_pipe_of_many_files_opens_and_closes_them_in_one_call_each(fs, base, cluster):
     d = f"{base}/piped"
     blobs = {f"{d}/f{i:02d}": os.urandom(i * 1009) for i in range(40)}
     blobs.update({f"{d}/deep/er/n{i}": os.urandom(100 + i) for i in range(8)})  # one new parent
-    blobs[f"{d}/deep/big"] = os.urandom(9 * MiB + 7)
-    # the first two files must be in flight together (a loop would break the barrier)
-    together = threading.Barrier(2, timeout=30)
-    started = itertools.count()
-    pipe_file = fs.pipe_file
-
-    def meeting(path, value, **kwargs):
-        if next(started) < 2:
-            together.wait()
-        return pipe_file(path, value, **kwargs)
-
-    monkeypatch.setattr(fs, "pipe_file", meeting)
+    blobs[f"{d}/deep/big"] = os.urandom(9 * MiB + 7)  # three chunks
+    fs.mkdir(d)
+    before = meta_calls(cluster)
     fs.pipe(blobs)
-    monkeypatch.undo()
+    after = meta_calls(cluster)
+    calls = {m: after.get(m, 0) - before.get(m, 0) for m in after}
+    # the files under the missing parent are opened again once it is made
+    assert calls.get("BatchWriteOpen") == 2 and calls.get("BatchClose") == 1
+    assert not calls.get("Open") and not calls.get("Close")
     assert fs.cat(sorted(blobs)) == blobs
+    infos = {p: fs.info(p) for p in blobs}
+    assert {p: i["size"] for p, i in infos.items()} == {p: len(b) for p, b in blobs.items()}
+    sessions = httpx.get(f"{cluster.admin_url}/api/v1/sessions", timeout=10).json()
+    assert not {s["inode"] for s in sessions} & {i["ino"] for i in infos.values()}
+    # existing files are truncated; any bytes-like value will do
+    fs.pipe({f"{d}/f01": b"shorter", f"{d}/f02": bytearray(b"a bytearray")})
+    assert fs.cat([f"{d}/f01", f"{d}/f02"]) == {f"{d}/f01": b"shorter", f"{d}/f02": b"a bytearray"}
     fs.pipe({f"{d}/same": b"first", f"emberfs://{d}/same": b"last"})
     assert fs.cat_file(f"{d}/same") == b"last"
 
@@ -279,6 +279,23 @@ def test_pipe_of_many_files_writes_them_together(fs, base, monkeypatch):
     assert fs.cat([f"{d}/g0", f"{d}/g2"]) == {f"{d}/g0": b"zero", f"{d}/g2": b"two"}
     with pytest.raises(ValueError):
         fs.pipe([f"{d}/g0"], b"x")
+
+
+def test_pipe_reports_a_parent_it_could_not_make_for_its_own_files(fs, base, monkeypatch):
+    d = f"{base}/pipe-mkdir"
+    real = fs._meta.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if path.endswith("/locked"):
+            raise PermissionError(13, "not here", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(fs._meta, "mkdir", mkdir)
+    blobs = {f"{d}/open/a": b"a", f"{d}/locked/b": b"b", f"{d}/open/c": b"c"}
+    with pytest.raises(PermissionError):
+        fs.pipe(blobs)
+    assert fs.cat([f"{d}/open/a", f"{d}/open/c"]) == {f"{d}/open/a": b"a", f"{d}/open/c": b"c"}
+    assert not fs.exists(f"{d}/locked")
 
 
 def test_pipe_file_create_mode(fs, base):
