@@ -2,18 +2,22 @@
 
 Against a running cluster (``--meta HOST:PORT`` or ``EMBERFS_META``) or a
 temporary local one (``--local``: a :class:`~emberfs.cli.localcluster.LocalCluster`
-in a temporary directory, stopped at the end), it runs six phases in a
+in a temporary directory, stopped at the end), it runs seven phases in a
 directory of its own:
 
 1. write big files (``--big-files`` per thread, ``--big-file-size`` each),
    one operation per ``--block-size`` written;
 2. read them back sequentially (one operation per block read);
-3. write small files (``--small-files`` per thread, ``--small-file-size`` each);
-4. read the small files whole, one ``cat_file`` each;
-5. read them again with one ``cat`` of each thread's list (one metaserver call
+3. write small files (``--small-files`` per thread, ``--small-file-size`` each),
+   one ``pipe_file`` each;
+4. write as many other small files with one ``pipe`` of a dict per thread (one
+   metaserver call opens them all and one closes them, and their chunks are
+   written together); its latency is that of the whole call;
+5. read the small files of phase 3 whole, one ``cat_file`` each;
+6. read them again with one ``cat`` of each thread's list (one metaserver call
    opens them all, and their chunks are fetched in parallel); its latency is
    that of the whole call;
-6. stat the small files.
+7. stat the small files of phase 3.
 
 Every phase runs ``--threads`` threads. Progress shows while it runs (rich
 when installed, plain lines otherwise), then a table of throughput and
@@ -187,7 +191,7 @@ def _run_threads(threads: int, work: Callable[[int], None]) -> float:
 
 
 def run_bench(fs, cfg: BenchConfig, progress: _Progress, keep: bool = False) -> list[PhaseResult]:
-    """Run the six phases against ``fs`` (an EmberFileSystem); returns their results.
+    """Run the seven phases against ``fs`` (an EmberFileSystem); returns their results.
 
     Files go under ``cfg.directory``/<a unique name>, removed at the end
     unless ``keep``.
@@ -199,6 +203,9 @@ def run_bench(fs, cfg: BenchConfig, progress: _Progress, keep: bool = False) -> 
     big_paths = [[f"{root}/big-{t}-{k}" for k in range(cfg.big_files)] for t in range(cfg.threads)]
     small_paths = [
         [f"{root}/small-{t}-{k}" for k in range(cfg.small_files)] for t in range(cfg.threads)
+    ]
+    piped_paths = [
+        [f"{root}/piped-{t}-{k}" for k in range(cfg.small_files)] for t in range(cfg.threads)
     ]
     blocks_per_file = -(-cfg.big_file_size // cfg.block_size) if cfg.block_size else 0
     results: list[PhaseResult] = []
@@ -258,6 +265,19 @@ def run_bench(fs, cfg: BenchConfig, progress: _Progress, keep: bool = False) -> 
                     record(res, time.perf_counter() - started, len(small))
 
             res.seconds = _run_threads(cfg.threads, write_small)
+            results.append(res)
+
+            res = PhaseResult("pipe small files (one call)")
+            progress.phase(res.name, cfg.threads * cfg.small_files)
+
+            def pipe_small(t: int) -> None:
+                started = time.perf_counter()
+                fs.pipe(dict.fromkeys(piped_paths[t], small))
+                seconds = time.perf_counter() - started
+                n = len(piped_paths[t])
+                record(res, seconds, n * len(small), ops=n)
+
+            res.seconds = _run_threads(cfg.threads, pipe_small)
             results.append(res)
 
             res = PhaseResult("read small files")

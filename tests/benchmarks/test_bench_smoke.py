@@ -144,6 +144,7 @@ def test_emberfs_bench_local_json():
         "write big files",
         "read big files",
         "write small files",
+        "pipe small files (one call)",
         "read small files",
         "cat small files (one call)",
         "stat files",
@@ -155,6 +156,8 @@ def test_emberfs_bench_local_json():
     assert phases["read small files"]["bytes"] == 10 * 10 * 1024
     batch = phases["cat small files (one call)"]
     assert batch["ops"] == 10 and batch["bytes"] == 10 * 10 * 1024
+    piped = phases["pipe small files (one call)"]
+    assert piped["ops"] == 10 and piped["bytes"] == 10 * 10 * 1024
     assert phases["stat files"]["ops"] == 10 and phases["stat files"]["bytes"] == 0
     for p in phases.values():
         assert p["seconds"] > 0 and p["ops_per_s"] > 0
