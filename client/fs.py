@@ -18,8 +18,10 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
@@ -34,7 +36,7 @@ from emberfs.client.file import (
     wait_all,
 )
 from emberfs.client.memory import keep_freed_memory
-from emberfs.client.meta import MetaClient, RequestIds
+from emberfs.client.meta import BATCH_OPEN, MetaClient, RequestIds
 from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.routing import RoutingCache
 from emberfs.common.layout import chunk_chain, chunk_spans
@@ -194,6 +196,7 @@ class EmberFileSystem(AbstractFileSystem):
         self._rt: _Runtime | None = None
         self._rt_lock = threading.Lock()
         self._rt_lock_pid = os.getpid()
+        self._plan = threading.local()  # see _planned
 
     # per-process runtime ---------------------------------------------------------
     def _runtime(self) -> _Runtime:
@@ -602,15 +605,7 @@ class EmberFileSystem(AbstractFileSystem):
             for p in stripped:
                 if isinstance(handles[p], OSError):
                     raise handles[p]  # before any read starts
-        jobs = []
-        for p, s, e in zip(stripped, starts, ends, strict=True):
-            h = handles[p]
-            if isinstance(h, OSError):
-                jobs.append((h, None, []))
-                continue
-            lo, hi = self._range(h.size, s, e)
-            buf, view = result_buffer(hi - lo)
-            jobs.append((None, buf, self._submit_into(h, lo, view) if hi > lo else []))
+        jobs = self._start_reads([handles[p] for p in stripped], starts, ends)
         out = []
         for err, buf, futures in jobs:
             if err is not None:
@@ -624,6 +619,22 @@ class EmberFileSystem(AbstractFileSystem):
                     raise
                 out.append(exc)
         return out
+
+    def _start_reads(self, handles, starts, ends) -> list:
+        """Start reading a range of each handle: ``(error, buffer, futures)`` per handle.
+
+        A handle that is an error (its open failed) gives ``(error, None, [])``;
+        the others a :class:`ResultBuffer` that their futures fill.
+        """
+        jobs = []
+        for h, s, e in zip(handles, starts, ends, strict=True):
+            if isinstance(h, OSError):
+                jobs.append((h, None, []))
+                continue
+            lo, hi = self._range(h.size, s, e)
+            buf, view = result_buffer(hi - lo)
+            jobs.append((None, buf, self._submit_into(h, lo, view) if hi > lo else []))
+        return jobs
 
     def pipe_file(self, path, value, mode: str = "overwrite", **kwargs) -> None:
         """Write ``value`` as the whole file; ``mode="create"`` refuses an existing path."""
@@ -651,7 +662,10 @@ class EmberFileSystem(AbstractFileSystem):
             for k, v in items.items():
                 self.pipe_file(k, v, mode=mode, **kwargs)
             return
-        self._write_files(items, exclusive=mode == "create")
+        failed = self._write_files(items, exclusive=mode == "create")
+        for k in items:
+            if k in failed:
+                raise failed[k]
 
     def _write_handles(self, paths: list[str], flags: int) -> dict[str, OpenHandle | OSError]:
         """Write opens of (stripped) ``paths`` with ``flags``: each a handle or its open's error.
@@ -685,14 +699,13 @@ class EmberFileSystem(AbstractFileSystem):
             p: g if isinstance(g, OSError) else OpenHandle.from_open(p, g) for p, g in got.items()
         }
 
-    def _write_files(self, items: dict, exclusive: bool = False) -> None:
-        """Write whole files ``{stripped path: bytes-like}``, all at once.
+    def _write_files(self, items: dict, exclusive: bool = False) -> dict[str, OSError]:
+        """Write whole files ``{stripped path: bytes-like}``, all at once; the failures by path.
 
         One ``BatchWriteOpen`` (per 1000), every chunk of every file on the
         runtime's executor together, then one ``BatchClose`` with the exact
         lengths (a file whose writes failed keeps the length it was opened
-        with, as :meth:`EmberFile.close` leaves it). Every file is attempted;
-        the first failure in ``items``' order is raised.
+        with, as :meth:`EmberFile.close` leaves it). Every file is attempted.
         """
         flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
         flags |= meta_pb2.OPEN_EXCLUSIVE if exclusive else meta_pb2.OPEN_TRUNCATE
@@ -737,12 +750,7 @@ class EmberFileSystem(AbstractFileSystem):
         finally:
             for h in opened.values():
                 leases.unregister(h)
-        for p in datas:
-            if p in failed:
-                error = failed[p]
-                if isinstance(error, OSError):
-                    raise error
-                raise OSError(errno.EIO, f"writing {p} failed: {error}") from error
+        return {p: _as_oserror(error, f"writing {p}") for p, error in failed.items()}
 
     def _copy_stream(self, f1, f2, callback=None, size: int | None = None) -> None:
         size = getattr(f1, "size", None) if size is None else size
@@ -768,6 +776,8 @@ class EmberFileSystem(AbstractFileSystem):
 
     def put_file(self, lpath, rpath, callback=None, mode: str = "overwrite", **kwargs) -> None:
         """Upload one local file (or make the directory for a local directory)."""
+        if self._planning(lpath, rpath):
+            return
         rpath = self._strip_protocol(rpath)
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
@@ -779,6 +789,8 @@ class EmberFileSystem(AbstractFileSystem):
 
     def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs) -> None:
         """Download one file (or make the local directory for a directory)."""
+        if outfile is None and self._planning(rpath, lpath):
+            return
         rpath = self._strip_protocol(rpath)
         if outfile is None and self.isdir(rpath):
             os.makedirs(lpath, exist_ok=True)
@@ -805,3 +817,174 @@ class EmberFileSystem(AbstractFileSystem):
             finally:
                 if close:
                     outfile.close()
+
+    # many files at once ----------------------------------------------------------
+    def _planned(self, method: str, *args, **kwargs) -> list[tuple[str, str]]:
+        """The (source, destination) pairs that fsspec's ``get`` or ``put`` moves one by one.
+
+        fsspec's own method expands the paths (lists, globs, recursion,
+        trailing slashes, an existing destination directory); while it runs,
+        in this thread, its per-file calls (:meth:`get_file`,
+        :meth:`put_file`) only record their pair.
+        """
+        pairs: list[tuple[str, str]] = []
+        self._plan.pairs = pairs
+        try:
+            getattr(super(), method)(*args, **kwargs)
+        finally:
+            self._plan.pairs = None
+        return pairs
+
+    def _planning(self, src, dst) -> bool:
+        """Inside :meth:`_planned` (this thread): record the pair instead of moving it."""
+        pairs = getattr(self._plan, "pairs", None)
+        if pairs is None:
+            return False
+        pairs.append((src, dst))
+        return True
+
+    def get(
+        self, rpath, lpath, recursive=False, callback=DEFAULT_CALLBACK, maxdepth=None, **kwargs
+    ):
+        """Download files with fsspec's path rules, many of them together.
+
+        The remote paths are opened with one ``BatchOpen`` call per 1000 and
+        their directories made locally. Files of at most
+        ``default_block_size`` bytes are fetched in groups (up to 1000 files
+        and 64 MiB), every chunk of a group at once; larger files one after
+        the other, each reading its chunks ahead in parallel. Every path is
+        attempted, then the first failure in fsspec's order is raised.
+        ``callback`` counts the paths done.
+        """
+        pairs = self._planned("get", rpath, lpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
+        if not pairs:
+            return
+        callback.set_size(len(pairs))
+        stripped = [self._strip_protocol(r) for r, _ in pairs]
+        handles = self._read_handles(stripped)
+        failed: dict[int, OSError] = {}
+        small, big = [], []
+        for i, ((r, local), p) in enumerate(zip(pairs, stripped, strict=True)):
+            h = handles[p]
+            if isinstance(h, IsADirectoryError):
+                os.makedirs(local, exist_ok=True)
+            elif isinstance(h, OSError):
+                failed[i] = h
+            elif h.size <= self.default_block_size:
+                small.append((i, h, local))
+                continue
+            else:
+                big.append((i, r, local))
+                continue
+            callback.relative_update(1)
+        for group in _groups(small, lambda item: item[1].size):
+            jobs = self._start_reads(
+                [h for _, h, _ in group], [None] * len(group), [None] * len(group)
+            )
+            for (i, _, local), (_, buf, futures) in zip(group, jobs, strict=True):
+                try:
+                    wait_all(futures)
+                    _write_local(local, buf.view)
+                except Exception as exc:
+                    failed[i] = _as_oserror(exc, f"reading {stripped[i]}")
+                callback.relative_update(1)
+        for i, r, local in big:
+            try:
+                with callback.branched(r, local) as child:
+                    self.get_file(r, local, callback=child)
+            except Exception as exc:
+                failed[i] = _as_oserror(exc, f"reading {stripped[i]}")
+            callback.relative_update(1)
+        if failed:
+            raise failed[min(failed)]
+
+    def put(
+        self, lpath, rpath, recursive=False, callback=DEFAULT_CALLBACK, maxdepth=None, **kwargs
+    ):
+        """Upload files with fsspec's path rules, many of them together.
+
+        Directories are made first. Files of at most ``default_block_size``
+        bytes are read in groups (up to 1000 files and 64 MiB) and written as
+        :meth:`pipe` writes a dict (one ``BatchWriteOpen``, every chunk at
+        once, one ``BatchClose``); larger files one after the other, each
+        with several chunks in flight. ``mode="create"`` refuses existing
+        remote files. Every path is attempted, then the first failure in
+        fsspec's order is raised. ``callback`` counts the paths done.
+        """
+        pairs = self._planned("put", lpath, rpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
+        if not pairs:
+            return
+        callback.set_size(len(pairs))
+        mode = kwargs.get("mode", "overwrite")
+        failed: dict[int, OSError] = {}
+        small, big = [], []
+        for i, (local, r) in enumerate(pairs):
+            r = self._strip_protocol(r)
+            try:
+                if os.path.isdir(local):
+                    self.makedirs(r, exist_ok=True)
+                else:
+                    size = os.path.getsize(local)
+                    (small if size <= self.default_block_size else big).append((i, local, r, size))
+                    continue
+            except OSError as exc:
+                failed[i] = exc
+            callback.relative_update(1)
+        for group in _groups(small, lambda item: item[3]):
+            values, index = {}, {}
+            for i, local, r, _ in group:
+                try:
+                    with open(local, "rb") as f:
+                        values[r] = f.read()
+                    index[r] = i
+                except OSError as exc:
+                    failed[i] = exc
+            for r, error in self._write_files(values, exclusive=mode == "create").items():
+                failed[index[r]] = error
+            callback.relative_update(len(group))
+        for i, local, r, _ in big:
+            try:
+                with callback.branched(local, r) as child:
+                    self.put_file(local, r, callback=child, mode=mode)
+            except Exception as exc:
+                failed[i] = _as_oserror(exc, f"writing {r}")
+            callback.relative_update(1)
+        if failed:
+            raise failed[min(failed)]
+
+
+#: ``get`` and ``put`` move small files in groups of at most this many bytes
+GROUP_BYTES = 64 * 1024 * 1024
+
+
+def _groups(items: list, size_of) -> Iterator[list]:
+    """``items`` in groups of at most :data:`BATCH_OPEN` items and :data:`GROUP_BYTES` bytes."""
+    group: list = []
+    total = 0
+    for item in items:
+        n = size_of(item)
+        if group and (len(group) >= BATCH_OPEN or total + n > GROUP_BYTES):
+            yield group
+            group, total = [], 0
+        group.append(item)
+        total += n
+    if group:
+        yield group
+
+
+def _write_local(path, data) -> None:
+    """Write ``data`` as the local file ``path``, making its parent directories."""
+    parent = os.path.dirname(os.fspath(path))
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _as_oserror(error: BaseException, doing: str) -> OSError:
+    """``error`` itself when it is an OSError, else an EIO naming what failed."""
+    if isinstance(error, OSError):
+        return error
+    wrapped = OSError(errno.EIO, f"{doing} failed: {error}")
+    wrapped.__cause__ = error
+    return wrapped

@@ -10,6 +10,7 @@ import time
 import fsspec
 import httpx
 import pytest
+from fsspec.callbacks import Callback
 
 from emberfs.client.fs import EmberFileSystem
 
@@ -366,6 +367,59 @@ def test_put_get_files_and_trees(fs, base, tmp_path):
     assert (out / "sub" / "small.txt").read_bytes() == b"small"
     fs.get_file(f"{base}/one.bin", str(tmp_path / "one.bin"))
     assert (tmp_path / "one.bin").read_bytes() == big
+
+
+def test_put_and_get_of_many_files_move_them_together(fs, base, cluster, tmp_path):
+    src = tmp_path / "src"
+    files = {f"d{i % 3}/f{i:03d}": os.urandom(i * 37) for i in range(60)}
+    files["big.bin"] = os.urandom(9 * MiB + 3)  # larger than a block: streamed on its own
+    for name, data in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+    (src / "empty").mkdir()
+
+    before = meta_calls(cluster)
+    fs.put(str(src), f"{base}/tree", recursive=True)
+    calls = {m: n - before.get(m, 0) for m, n in meta_calls(cluster).items()}
+    assert calls.get("BatchWriteOpen") == 1 and calls.get("BatchClose") == 1
+    assert calls.get("Open") == 1 and calls.get("Close") == 1  # the big file's
+    assert fs.cat([f"{base}/tree/{n}" for n in files]) == {
+        f"{base}/tree/{n}": d for n, d in files.items()
+    }
+    assert fs.isdir(f"{base}/tree/empty")
+
+    out = tmp_path / "out"
+    progress = Callback()
+    before = meta_calls(cluster)
+    fs.get(f"{base}/tree", str(out), recursive=True, callback=progress)
+    calls = {m: n - before.get(m, 0) for m, n in meta_calls(cluster).items()}
+    assert calls.get("BatchOpen") == 1 and calls.get("Open") == 1  # the big file's
+    assert {n: (out / n).read_bytes() for n in files} == files
+    assert (out / "empty").is_dir()
+    assert progress.size == progress.value == len(files) + 5  # and 5 directories, tree too
+
+    # every path is attempted, then the first failure in fsspec's order is raised
+    fs.pipe_file(f"{base}/blocker", b"x")
+    with pytest.raises(NotADirectoryError):
+        fs.put(
+            [str(src / "d0" / "f000"), str(src / "d1" / "f001")],
+            [f"{base}/blocker/a", f"{base}/ok/b"],
+        )
+    assert fs.cat_file(f"{base}/ok/b") == files["d1/f001"]
+    with pytest.raises(FileExistsError):
+        fs.put(
+            [str(src / "d2" / "f002"), str(src / "d0" / "f003")],
+            [f"{base}/ok/b", f"{base}/ok/c"],
+            mode="create",
+        )
+    assert fs.cat([f"{base}/ok/b", f"{base}/ok/c"]) == {
+        f"{base}/ok/b": files["d1/f001"],
+        f"{base}/ok/c": files["d0/f003"],
+    }
+    with pytest.raises(FileNotFoundError):
+        fs.get([f"{base}/missing", f"{base}/ok/c"], [str(tmp_path / "g1"), str(tmp_path / "g2")])
+    assert (tmp_path / "g2").read_bytes() == files["d0/f003"]
+    assert not (tmp_path / "g1").exists()
 
 
 def test_threads_share_one_instance(fs, base):
