@@ -871,7 +871,7 @@ class EmberFileSystem(AbstractFileSystem):
             elif isinstance(h, OSError):
                 failed[i] = h
             elif h.size <= self.default_block_size:
-                small.append((i, h, local))
+                small.append((i, h, r, local))
                 continue
             else:
                 big.append((i, r, local))
@@ -879,12 +879,13 @@ class EmberFileSystem(AbstractFileSystem):
             callback.relative_update(1)
         for group in _groups(small, lambda item: item[1].size):
             jobs = self._start_reads(
-                [h for _, h, _ in group], [None] * len(group), [None] * len(group)
+                [h for _, h, _, _ in group], [None] * len(group), [None] * len(group)
             )
-            for (i, _, local), (_, buf, futures) in zip(group, jobs, strict=True):
+            for (i, h, r, local), (_, buf, futures) in zip(group, jobs, strict=True):
                 try:
                     wait_all(futures)
                     _write_local(local, buf.view)
+                    _moved(callback, r, local, h.size)
                 except Exception as exc:
                     failed[i] = _as_oserror(exc, f"reading {stripped[i]}")
                 callback.relative_update(1)
@@ -941,7 +942,10 @@ class EmberFileSystem(AbstractFileSystem):
                     failed[i] = exc
             for r, error in self._write_files(values, exclusive=mode == "create").items():
                 failed[index[r]] = error
-            callback.relative_update(len(group))
+            for i, local, r, size in group:
+                if i not in failed:
+                    _moved(callback, local, r, size)
+                callback.relative_update(1)
         for i, local, r, _ in big:
             try:
                 with callback.branched(local, r) as child:
@@ -970,6 +974,13 @@ def _groups(items: list, size_of) -> Iterator[list]:
         total += n
     if group:
         yield group
+
+
+def _moved(callback, src, dst, nbytes: int) -> None:
+    """Report a file moved in a group as fsspec's per-file loop would: its bytes to its branch."""
+    with callback.branched(src, dst) as child:
+        child.set_size(nbytes)
+        child.relative_update(nbytes)
 
 
 def _write_local(path, data) -> None:

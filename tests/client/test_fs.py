@@ -398,6 +398,21 @@ def test_put_and_get_of_many_files_move_them_together(fs, base, cluster, tmp_pat
     assert (out / "empty").is_dir()
     assert progress.size == progress.value == len(files) + 5  # and 5 directories, tree too
 
+    class Bytes(Callback):  # a bar of bytes, as `emberfs put/get --progress` shows
+        def set_size(self, size):
+            pass
+
+        def branched(self, path_1, path_2, **kwargs):
+            return self
+
+    moved = Bytes(value=0)
+    fs.put(str(src), f"{base}/tree2", recursive=True, callback=moved)
+    total = sum(map(len, files.values()))
+    assert moved.value == total + len(files) + 5  # each path's bytes, and 1 per path
+    moved = Bytes(value=0)
+    fs.get(f"{base}/tree2", str(tmp_path / "out2"), recursive=True, callback=moved)
+    assert moved.value == total + len(files) + 5
+
     # every path is attempted, then the first failure in fsspec's order is raised
     fs.pipe_file(f"{base}/blocker", b"x")
     with pytest.raises(NotADirectoryError):
