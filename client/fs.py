@@ -867,7 +867,10 @@ class EmberFileSystem(AbstractFileSystem):
         for i, ((r, local), p) in enumerate(zip(pairs, stripped, strict=True)):
             h = handles[p]
             if isinstance(h, IsADirectoryError):
-                os.makedirs(local, exist_ok=True)
+                try:
+                    os.makedirs(local, exist_ok=True)
+                except OSError as exc:
+                    failed[i] = exc
             elif isinstance(h, OSError):
                 failed[i] = h
             elif h.size <= self.default_block_size:
