@@ -291,6 +291,8 @@ class Series:
 def measure(args) -> dict:
     sizes = sorted(raw_tcp.parse_size(s) for s in args.sizes.split(","))
     small, large = sizes[0], sizes[-1]
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="emberfs-compare-", dir=args.workdir))
     use_seaweed = not args.no_seaweed and seaweed.weed_binary() is not None
     seaweed_reason = ""

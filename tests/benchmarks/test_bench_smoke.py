@@ -252,7 +252,7 @@ def test_compare_smoke(tmp_path):
         "--out",
         str(out),
         "--workdir",
-        str(tmp_path),
+        str(tmp_path / "work" / "here"),  # made when missing
     ]
     have_seaweed = shutil.which("weed") is not None
     try:
