@@ -796,27 +796,31 @@ class EmberFileSystem(AbstractFileSystem):
             os.makedirs(lpath, exist_ok=True)
             return
         with self.open(rpath, "rb") as f1:
-            if callback is not None:
-                callback.set_size(f1.size)
-            close = outfile is None
+            self._download(f1, lpath, callback, outfile)
+
+    def _download(self, f1: EmberFile, lpath, callback=None, outfile=None) -> None:
+        """Copy the open remote file ``f1`` to the local ``lpath`` (or into ``outfile``)."""
+        if callback is not None:
+            callback.set_size(f1.size)
+        close = outfile is None
+        if close:
+            parent = os.path.dirname(os.fspath(lpath))
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            outfile = open(lpath, "wb")
+        try:
+            buf = bytearray(min(max(f1.size, 1), max(self.default_block_size, f1.blocksize)))
+            view = memoryview(buf)
+            while True:
+                n = f1.readinto(view)
+                if not n:
+                    break
+                outfile.write(view[:n])
+                if callback is not None:
+                    callback.relative_update(n)
+        finally:
             if close:
-                parent = os.path.dirname(os.fspath(lpath))
-                if parent:
-                    os.makedirs(parent, exist_ok=True)
-                outfile = open(lpath, "wb")
-            try:
-                buf = bytearray(min(max(f1.size, 1), max(self.default_block_size, f1.blocksize)))
-                view = memoryview(buf)
-                while True:
-                    n = f1.readinto(view)
-                    if not n:
-                        break
-                    outfile.write(view[:n])
-                    if callback is not None:
-                        callback.relative_update(n)
-            finally:
-                if close:
-                    outfile.close()
+                outfile.close()
 
     # many files at once ----------------------------------------------------------
     def _planned(self, method: str, *args, **kwargs) -> list[tuple[str, str]]:
@@ -894,8 +898,9 @@ class EmberFileSystem(AbstractFileSystem):
                 callback.relative_update(1)
         for i, r, local in big:
             try:
-                with callback.branched(r, local) as child:
-                    self.get_file(r, local, callback=child)
+                h = handles[stripped[i]]  # opened above: no second open
+                with callback.branched(r, local) as child, EmberFile(self, h.path, handle=h) as f1:
+                    self._download(f1, local, callback=child)
             except Exception as exc:
                 failed[i] = _as_oserror(exc, f"reading {stripped[i]}")
             callback.relative_update(1)
