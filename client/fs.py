@@ -767,6 +767,8 @@ class EmberFileSystem(AbstractFileSystem):
 
     def cp_file(self, path1, path2, **kwargs) -> None:
         """Copy a file by streaming its chunks (reads ahead while writing)."""
+        if self._planning(path1, path2):
+            return
         path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
         if self.isdir(path1):
             self.makedirs(path2, exist_ok=True)
@@ -824,12 +826,12 @@ class EmberFileSystem(AbstractFileSystem):
 
     # many files at once ----------------------------------------------------------
     def _planned(self, method: str, *args, **kwargs) -> list[tuple[str, str]]:
-        """The (source, destination) pairs that fsspec's ``get`` or ``put`` moves one by one.
+        """The (source, destination) pairs that fsspec's ``get``, ``put`` or ``copy`` moves one by one.
 
         fsspec's own method expands the paths (lists, globs, recursion,
         trailing slashes, an existing destination directory); while it runs,
         in this thread, its per-file calls (:meth:`get_file`,
-        :meth:`put_file`) only record their pair.
+        :meth:`put_file`, :meth:`cp_file`) only record their pair.
         """
         pairs: list[tuple[str, str]] = []
         self._plan.pairs = pairs
@@ -878,23 +880,22 @@ class EmberFileSystem(AbstractFileSystem):
             elif isinstance(h, OSError):
                 failed[i] = h
             elif h.size <= self.default_block_size:
-                small.append((i, h, r, local))
+                small.append((i, h))
                 continue
             else:
                 big.append((i, r, local))
                 continue
             callback.relative_update(1)
-        for group in _groups(small, lambda item: item[1].size):
-            jobs = self._start_reads(
-                [h for _, h, _, _ in group], [None] * len(group), [None] * len(group)
-            )
-            for (i, h, r, local), (_, buf, futures) in zip(group, jobs, strict=True):
+        for group in self._fetch_groups(small):
+            for i, got in group:
+                (r, local), size = pairs[i], handles[stripped[i]].size
                 try:
-                    wait_all(futures)
-                    _write_local(local, buf.view)
-                    _moved(callback, r, local, h.size)
-                except Exception as exc:
-                    failed[i] = _as_oserror(exc, f"reading {stripped[i]}")
+                    if isinstance(got, OSError):
+                        raise got
+                    _write_local(local, got.view)
+                    _moved(callback, r, local, size)
+                except OSError as exc:
+                    failed[i] = exc
                 callback.relative_update(1)
         for i, r, local in big:
             try:
@@ -906,6 +907,86 @@ class EmberFileSystem(AbstractFileSystem):
             callback.relative_update(1)
         if failed:
             raise failed[min(failed)]
+
+    def _fetch_groups(self, small: list) -> Iterator[list]:
+        """The whole contents of small files, in groups fetched all at once.
+
+        ``small`` holds ``(i, handle)`` pairs; per group (:func:`_groups`)
+        this yields ``(i, ResultBuffer or OSError)`` for each of them.
+        """
+        for group in _groups(small, lambda item: item[1].size):
+            n = len(group)
+            jobs = self._start_reads([h for _, h in group], [None] * n, [None] * n)
+            out = []
+            for (i, h), (_, buf, futures) in zip(group, jobs, strict=True):
+                try:
+                    wait_all(futures)
+                    out.append((i, buf))
+                except Exception as exc:
+                    out.append((i, _as_oserror(exc, f"reading {h.path}")))
+            yield out
+
+    def copy(self, path1, path2, recursive=False, maxdepth=None, on_error=None, **kwargs):
+        """Copy files within EmberFS with fsspec's path rules, many of them together.
+
+        The sources are opened with one ``BatchOpen`` call per 1000 and
+        their directories made at the destination. Files of at most
+        ``default_block_size`` bytes are read in groups (up to 1000 files and
+        64 MiB, every chunk of a group at once) and written as :meth:`pipe`
+        writes a dict; larger files are streamed one after the other. Every
+        path is attempted. ``on_error`` as fsspec's: ``"raise"`` (the default
+        unless ``recursive``) raises the first failure in fsspec's order,
+        ``"ignore"`` skips missing sources (FileNotFoundError) and raises any
+        other failure.
+        """
+        if on_error is None:
+            on_error = "ignore" if recursive else "raise"
+        pairs = self._planned(
+            "copy",
+            path1,
+            path2,
+            recursive=recursive,
+            maxdepth=maxdepth,
+            on_error=on_error,
+            **kwargs,
+        )
+        sources = [self._strip_protocol(a) for a, _ in pairs]
+        targets = [self._strip_protocol(b) for _, b in pairs]
+        handles = self._read_handles(sources) if pairs else {}
+        failed: dict[int, OSError] = {}
+        small, big = [], []
+        for i, src in enumerate(sources):
+            h = handles[src]
+            if isinstance(h, IsADirectoryError):
+                try:
+                    self.makedirs(targets[i], exist_ok=True)
+                except OSError as exc:
+                    failed[i] = exc
+            elif isinstance(h, OSError):
+                failed[i] = h
+            elif h.size <= self.default_block_size:
+                small.append((i, h))
+            else:
+                big.append((i, h))
+        for group in self._fetch_groups(small):
+            values, index = {}, {}
+            for i, got in group:
+                if isinstance(got, OSError):
+                    failed[i] = got
+                else:
+                    values[targets[i]] = as_bytes(got)
+                    index[targets[i]] = i
+            for dst, error in self._write_files(values).items():
+                failed[index[dst]] = error
+        for i, h in big:
+            try:
+                with EmberFile(self, h.path, handle=h) as f1, self.open(targets[i], "wb") as f2:
+                    self._copy_stream(f1, f2)
+            except Exception as exc:
+                failed[i] = _as_oserror(exc, f"copying {sources[i]} to {targets[i]}")
+        for i in sorted(failed):
+            if on_error == "raise" or not isinstance(failed[i], FileNotFoundError):
+                raise failed[i]
 
     def put(
         self, lpath, rpath, recursive=False, callback=DEFAULT_CALLBACK, maxdepth=None, **kwargs

@@ -437,6 +437,36 @@ def test_put_and_get_of_many_files_move_them_together(fs, base, cluster, tmp_pat
     assert not (tmp_path / "g1").exists()
 
 
+def test_copy_of_many_files_moves_them_together(fs, base, cluster):
+    files = {f"d{i % 3}/f{i:03d}": os.urandom(i * 41) for i in range(45)}
+    files["big.bin"] = os.urandom(9 * MiB + 5)  # streamed on its own
+    fs.pipe({f"{base}/src/{n}": d for n, d in files.items()})
+    fs.makedirs(f"{base}/src/empty")
+
+    before = meta_calls(cluster)
+    fs.copy(f"{base}/src", f"{base}/dst", recursive=True)
+    calls = {m: n - before.get(m, 0) for m, n in meta_calls(cluster).items()}
+    assert calls.get("BatchOpen") == 1 and calls.get("BatchWriteOpen") == 1
+    assert calls.get("Open") == 1 and calls.get("Close") == 1  # the big file's write
+    copied = fs.cat([f"{base}/dst/{n}" for n in files])
+    assert copied == {f"{base}/dst/{n}": d for n, d in files.items()}
+    assert fs.isdir(f"{base}/dst/empty")
+
+    # on_error as fsspec's: "raise" raises a missing source (after the others are copied),
+    # "ignore" skips it
+    pair = ([f"{base}/missing", f"{base}/src/d1/f001"], [f"{base}/c/m", f"{base}/c/one"])
+    with pytest.raises(FileNotFoundError):
+        fs.copy(*pair)
+    assert fs.cat_file(f"{base}/c/one") == files["d1/f001"]
+    fs.rm(f"{base}/c/one")
+    fs.copy(*pair, on_error="ignore")
+    assert fs.cat_file(f"{base}/c/one") == files["d1/f001"]
+    assert not fs.exists(f"{base}/c/m")
+    fs.pipe_file(f"{base}/blocker", b"x")
+    with pytest.raises(NotADirectoryError):  # not a missing source: raised even when ignoring
+        fs.copy([f"{base}/src/d0/f000"], [f"{base}/blocker/x"], on_error="ignore")
+
+
 def test_threads_share_one_instance(fs, base):
     from concurrent.futures import ThreadPoolExecutor
 
