@@ -404,6 +404,20 @@ class Namespace:
         """Remove a file, symlink, directory or (``recursive``) tree."""
         return self._run(remove.remove, req, "Remove")
 
+    def batch_remove(self, req: meta_pb2.BatchRemoveRequest) -> meta_pb2.BatchRemoveResponse:
+        """Remove many paths, each a ``Remove`` of its own (in the given order); one WAL sync."""
+        out = meta_pb2.BatchRemoveResponse()
+        items = [meta_pb2.RemoveRequest(path=p, recursive=req.recursive) for p in req.paths]
+        self._run_each(
+            remove.remove,
+            "Remove",
+            req.ctx,
+            items,
+            lambda result, resp: setattr(result, "removed", resp.removed),
+            out.results,
+        )
+        return out
+
     def rename(self, req: meta_pb2.RenameRequest) -> meta_pb2.RenameResponse:
         """Move an entry atomically."""
         return self._run(rename.rename, req, "Rename")

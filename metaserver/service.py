@@ -72,6 +72,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def BatchClose(self, request, context):
         return self._call(self.namespace.batch_close, request, context)
 
+    def BatchRemove(self, request, context):
+        return self._call(self.namespace.batch_remove, request, context)
+
     def List(self, request, context):
         return self._call(self.namespace.list, request, context)
 

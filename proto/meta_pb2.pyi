@@ -297,6 +297,30 @@ class RemoveResponse(_message.Message):
     removed: int
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
+class BatchRemoveRequest(_message.Message):
+    __slots__ = ("ctx", "paths", "recursive")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    recursive: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., recursive: _Optional[bool] = ...) -> None: ...
+
+class BatchRemoveResult(_message.Message):
+    __slots__ = ("removed", "errno")
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    ERRNO_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    errno: int
+    def __init__(self, removed: _Optional[int] = ..., errno: _Optional[int] = ...) -> None: ...
+
+class BatchRemoveResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchRemoveResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchRemoveResult, _Mapping]]] = ...) -> None: ...
+
 class RenameRequest(_message.Message):
     __slots__ = ("ctx", "src", "dst", "no_replace")
     CTX_FIELD_NUMBER: _ClassVar[int]

@@ -84,6 +84,11 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseResponse.FromString,
                 _registered_method=True)
+        self.BatchRemove = channel.unary_unary(
+                '/emberfs.MetaService/BatchRemove',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.BatchRemoveRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchRemoveResponse.FromString,
+                _registered_method=True)
         self.List = channel.unary_unary(
                 '/emberfs.MetaService/List',
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.ListRequest.SerializeToString,
@@ -204,6 +209,12 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def BatchClose(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchRemove(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -333,6 +344,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.BatchClose,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.BatchCloseResponse.SerializeToString,
+            ),
+            'BatchRemove': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchRemove,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchRemoveRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.BatchRemoveResponse.SerializeToString,
             ),
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
@@ -665,6 +681,33 @@ class MetaService:
             '/emberfs.MetaService/BatchClose',
             emberfs_dot_proto_dot_meta__pb2.BatchCloseRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.BatchCloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchRemove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/BatchRemove',
+            emberfs_dot_proto_dot_meta__pb2.BatchRemoveRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.BatchRemoveResponse.FromString,
             options,
             channel_credentials,
             insecure,

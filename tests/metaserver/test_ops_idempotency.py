@@ -306,3 +306,14 @@ def test_batch_write_open_and_close_retries_apply_once(ns):
             )
         )
     assert not ns.batch_stat(meta_pb2.BatchStatRequest(paths=["/c"])).results[0].attr.inode
+
+
+def test_batch_remove_retry_applies_once(ns):
+    for p in ("/a", "/b"):
+        ns.create(meta_pb2.CreateRequest(path=p))
+    req = meta_pb2.BatchRemoveRequest(ctx=ctx(30), paths=["/a", "/b"])
+    first = ns.batch_remove(req)
+    assert [(r.errno, r.removed) for r in first.results] == [(0, 1), (0, 1)]
+    ns.create(meta_pb2.CreateRequest(path="/a"))  # a new file of the same name
+    assert ns.batch_remove(req) == first  # the retry removes nothing again
+    assert ns.stat(meta_pb2.StatRequest(path="/a")).attr.inode

@@ -175,6 +175,22 @@ def test_batch_write_open_gives_what_open_gives_and_batch_close_what_close_gives
     assert not ns.batch_open(meta_pb2.BatchOpenRequest(paths=["/d/z"])).results[0].attr.inode
 
 
+def test_batch_remove_removes_each_path_as_remove_would(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(path="/d/sub", parents=True))
+    for p in ("/d/a", "/d/b", "/d/sub/c"):
+        ns.create(meta_pb2.CreateRequest(path=p))
+    paths = ["/d/a", "/d/missing", "/d/sub", "/", "/d/b"]
+    out = ns.batch_remove(meta_pb2.BatchRemoveRequest(paths=paths))
+    got = [(r.errno, r.removed) for r in out.results]
+    assert got == [(0, 1), (errno.ENOENT, 0), (errno.ENOTEMPTY, 0), (errno.EBUSY, 0), (0, 1)]
+    out = ns.batch_remove(meta_pb2.BatchRemoveRequest(paths=["/d/sub"], recursive=True))
+    assert [(r.errno, r.removed) for r in out.results] == [(0, 2)]
+    assert names(ns, "/d") == []
+    with pytest.raises(errors.InvalidArgument):
+        ns.batch_remove(meta_pb2.BatchRemoveRequest(paths=["/d"] * 10001))
+    assert names(ns, "/") == ["d"]
+
+
 def test_validation_errors(ns):
     with pytest.raises(errors.NameTooLong):
         ns.create(meta_pb2.CreateRequest(path="/" + "x" * 256))
