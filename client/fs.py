@@ -358,18 +358,27 @@ class EmberFileSystem(AbstractFileSystem):
     _rm = rm_file
 
     def rm(self, path, recursive: bool = False, maxdepth: int | None = None) -> None:
-        """Remove files, or whole trees with ``recursive`` (one metaserver call per tree)."""
+        """Remove files, or whole trees with ``recursive`` (one metaserver call per tree).
+
+        Many paths (a list, or what a glob or ``maxdepth`` expands to) go in
+        one ``BatchRemove`` call per 1000, each removed on its own: every
+        path is attempted, then the first failure in their order is raised.
+        """
         paths = path if isinstance(path, list | tuple) else [path]
         if maxdepth is None and not any(_MAGIC.search(str(p)) for p in paths):
-            for p in paths:
-                self._meta.remove(self._strip_protocol(p), recursive=recursive)
+            stripped = [self._strip_protocol(p) for p in paths]
+            if len(stripped) == 1:
+                self._meta.remove(stripped[0], recursive=recursive)
+                return
+            for got in self._meta.batch_remove(stripped, recursive=recursive):
+                if isinstance(got, OSError):
+                    raise got
             return
         expanded = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
-        for p in sorted(expanded, key=lambda s: (-s.count("/"), s)):
-            try:
-                self._meta.remove(p, recursive=recursive)
-            except FileNotFoundError:
-                pass  # already gone with its parent
+        deepest_first = sorted(expanded, key=lambda s: (-s.count("/"), s))
+        for got in self._meta.batch_remove(deepest_first, recursive=recursive):
+            if isinstance(got, OSError) and not isinstance(got, FileNotFoundError):
+                raise got  # a missing path went with its parent
 
     def mv(self, path1, path2, recursive: bool = False, maxdepth=None, **kwargs) -> None:
         """Rename a file or directory (atomic, one call); into ``path2`` if it is a directory."""

@@ -30,8 +30,8 @@ from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2, meta_pb2, m
 
 T = TypeVar("T")
 
-#: Paths (or sessions) per ``BatchOpen``, ``BatchWriteOpen`` or ``BatchClose`` call
-#: (the metaserver takes up to 10000).
+#: Paths (or sessions) per ``BatchOpen``, ``BatchWriteOpen``, ``BatchClose`` or
+#: ``BatchRemove`` call (the metaserver takes up to 10000).
 BATCH_OPEN = 1000
 
 # gRPC status codes worth retrying: the server is not reachable now, or timed out.
@@ -355,6 +355,23 @@ class MetaClient:
             ctx=self.context(), path=path, recursive=recursive, directory=directory
         )
         return self.meta("Remove", req, path).removed
+
+    def batch_remove(self, paths: Sequence[str], recursive: bool = False) -> list[int | OSError]:
+        """Remove many paths in order, :data:`BATCH_OPEN` to a round trip.
+
+        One entry per path: the number of entries removed, or the OSError
+        subclass ``Remove`` would raise.
+        """
+        out: list[int | OSError] = []
+        for i in range(0, len(paths), BATCH_OPEN):
+            part = list(paths[i : i + BATCH_OPEN])
+            req = meta_pb2.BatchRemoveRequest(
+                ctx=self.context(len(part)), paths=part, recursive=recursive
+            )
+            results = self._batch("BatchRemove", req, len(part))
+            for path, r in zip(part, results, strict=True):
+                out.append(errors.oserror(r.errno, "", path) if r.errno else r.removed)
+        return out
 
     def rename(self, src: str, dst: str, no_replace: bool = False) -> common_pb2.InodeAttr:
         req = meta_pb2.RenameRequest(ctx=self.context(), src=src, dst=dst, no_replace=no_replace)

@@ -123,6 +123,29 @@ def test_rm_single_and_recursive(fs, base):
     assert fs.ls(f"{base}/g") == []
 
 
+def test_rm_of_many_paths_is_one_call(fs, base, cluster):
+    d = f"{base}/many-rm"
+    fs.pipe({f"{d}/f{i:02d}": b"x" for i in range(30)} | {f"{d}/sub/a": b"a", f"{d}/keep": b"k"})
+    before = meta_calls(cluster)
+    fs.rm([f"{d}/f{i:02d}" for i in range(30)] + [f"{d}/sub"], recursive=True)
+    calls = {m: n - before.get(m, 0) for m, n in meta_calls(cluster).items()}
+    assert calls.get("BatchRemove") == 1 and not calls.get("Remove")
+    assert fs.ls(d, detail=False) == [f"{d}/keep"]
+    # every path is attempted, then the first failure in their order is raised
+    fs.pipe({f"{d}/a": b"", f"{d}/b": b""})
+    with pytest.raises(FileNotFoundError):
+        fs.rm([f"{d}/a", f"{d}/missing", f"{d}/b"])
+    assert fs.ls(d, detail=False) == [f"{d}/keep"]
+    # a glob: deepest first in one call, a directory without recursive refused
+    fs.pipe({f"{d}/g/x1": b"", f"{d}/g/x2/y": b"", f"{d}/g/z": b""})
+    with pytest.raises(OSError) as err:
+        fs.rm(f"{d}/g/x*")
+    assert err.value.errno == errno.ENOTEMPTY
+    assert fs.ls(f"{d}/g", detail=False) == [f"{d}/g/x2", f"{d}/g/z"]
+    fs.rm(f"{d}/g/x*", recursive=True)
+    assert fs.ls(f"{d}/g", detail=False) == [f"{d}/g/z"]
+
+
 def test_removed_chunks_are_written_over_by_new_files(fs, base, cluster):
     """The storage servers keep a removed file's chunk files and write new chunks over them."""
     root = cluster.data_dir
