@@ -835,7 +835,7 @@ class EmberFileSystem(AbstractFileSystem):
 
     # many files at once ----------------------------------------------------------
     def _planned(self, method: str, *args, **kwargs) -> list[tuple[str, str]]:
-        """The (source, destination) pairs that fsspec's ``get``, ``put`` or ``copy`` moves one by one.
+        """The (source, destination) pairs fsspec's ``get``, ``put`` or ``copy`` moves one by one.
 
         fsspec's own method expands the paths (lists, globs, recursion,
         trailing slashes, an existing destination directory); while it runs,
@@ -1055,7 +1055,7 @@ class EmberFileSystem(AbstractFileSystem):
             raise failed[min(failed)]
 
 
-#: ``get`` and ``put`` move small files in groups of at most this many bytes
+#: ``get``, ``put`` and ``copy`` move small files in groups of at most this many bytes
 GROUP_BYTES = 64 * 1024 * 1024
 
 
