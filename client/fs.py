@@ -877,24 +877,10 @@ class EmberFileSystem(AbstractFileSystem):
         callback.set_size(len(pairs))
         stripped = [self._strip_protocol(r) for r, _ in pairs]
         handles = self._read_handles(stripped)
-        failed: dict[int, OSError] = {}
-        small, big = [], []
-        for i, ((r, local), p) in enumerate(zip(pairs, stripped, strict=True)):
-            h = handles[p]
-            if isinstance(h, IsADirectoryError):
-                try:
-                    os.makedirs(local, exist_ok=True)
-                except OSError as exc:
-                    failed[i] = exc
-            elif isinstance(h, OSError):
-                failed[i] = h
-            elif h.size <= self.default_block_size:
-                small.append((i, h))
-                continue
-            else:
-                big.append((i, r, local))
-                continue
-            callback.relative_update(1)
+        failed, small, big = self._split_sources(
+            [handles[p] for p in stripped], lambda i: os.makedirs(pairs[i][1], exist_ok=True)
+        )
+        callback.relative_update(len(pairs) - len(small) - len(big))  # directories, failures
         for group in self._fetch_groups(small):
             for i, got in group:
                 (r, local), size = pairs[i], handles[stripped[i]].size
@@ -906,9 +892,9 @@ class EmberFileSystem(AbstractFileSystem):
                 except OSError as exc:
                     failed[i] = exc
                 callback.relative_update(1)
-        for i, r, local in big:
-            try:
-                h = handles[stripped[i]]  # opened above: no second open
+        for i, h in big:
+            r, local = pairs[i]
+            try:  # through the handle opened above: no second open
                 with callback.branched(r, local) as child, EmberFile(self, h.path, handle=h) as f1:
                     self._download(f1, local, callback=child)
             except Exception as exc:
@@ -916,6 +902,27 @@ class EmberFileSystem(AbstractFileSystem):
             callback.relative_update(1)
         if failed:
             raise failed[min(failed)]
+
+    def _split_sources(self, handles: list, make_dir) -> tuple[dict[int, OSError], list, list]:
+        """Sort the opened sources of a ``get`` or ``copy`` by what moving each one takes.
+
+        A directory's destination is made (``make_dir(i)``). Returns
+        ``(failed, small, big)``: the failures by index, and ``(i, handle)``
+        of the files of at most ``default_block_size`` bytes and of the larger ones.
+        """
+        failed: dict[int, OSError] = {}
+        small, big = [], []
+        for i, h in enumerate(handles):
+            if isinstance(h, IsADirectoryError):
+                try:
+                    make_dir(i)
+                except OSError as exc:
+                    failed[i] = exc
+            elif isinstance(h, OSError):
+                failed[i] = h
+            else:
+                (small if h.size <= self.default_block_size else big).append((i, h))
+        return failed, small, big
 
     def _fetch_groups(self, small: list) -> Iterator[list]:
         """The whole contents of small files, in groups fetched all at once.
@@ -962,21 +969,9 @@ class EmberFileSystem(AbstractFileSystem):
         sources = [self._strip_protocol(a) for a, _ in pairs]
         targets = [self._strip_protocol(b) for _, b in pairs]
         handles = self._read_handles(sources) if pairs else {}
-        failed: dict[int, OSError] = {}
-        small, big = [], []
-        for i, src in enumerate(sources):
-            h = handles[src]
-            if isinstance(h, IsADirectoryError):
-                try:
-                    self.makedirs(targets[i], exist_ok=True)
-                except OSError as exc:
-                    failed[i] = exc
-            elif isinstance(h, OSError):
-                failed[i] = h
-            elif h.size <= self.default_block_size:
-                small.append((i, h))
-            else:
-                big.append((i, h))
+        failed, small, big = self._split_sources(
+            [handles[p] for p in sources], lambda i: self.makedirs(targets[i], exist_ok=True)
+        )
         for group in self._fetch_groups(small):
             values, index = {}, {}
             for i, got in group:
