@@ -156,6 +156,15 @@ def test_removed_chunks_are_written_over_by_new_files(fs, base, cluster):
     def chunk_files() -> set[int]:
         return {p.stat().st_ino for p in root.glob("storage-*/target-*/chunks/*/*")}
 
+    def gc_settled() -> bool:  # every target dropped the chunks of files removed before
+        items = httpx.get(f"{cluster.admin_url}/api/v1/gc", timeout=10).json()
+        return all(not item["waiting"] for item in items)
+
+    # files removed by earlier tests must not turn into spares while this one watches
+    deadline = time.monotonic() + 30
+    while not gc_settled():
+        assert time.monotonic() < deadline, "earlier removals were not collected"
+        time.sleep(0.2)
     first = os.urandom(3 * 4 * 1024 * 1024 + 123)
     fs.pipe_file(f"{base}/first", first)
     assert fs.info(f"{base}/first")["chunk_size"] == 4 * 1024 * 1024
