@@ -112,7 +112,7 @@ class EmberFileSystem(AbstractFileSystem):
         (default ``127.0.0.1:9400``). A URL's host:port sets it.
     readahead_depth : int, default 8
         Chunks fetched ahead of a sequential reader.
-    write_depth : int, default 4
+    write_depth : int, default 8
         Chunk writes in flight per open file.
     max_workers : int, default 16
         Threads of the data-path pool (parallel chunk reads and writes).
@@ -151,7 +151,7 @@ class EmberFileSystem(AbstractFileSystem):
     cachable = True
 
     readahead_depth = 8
-    write_depth = 4
+    write_depth = 8
     max_workers = 16
     max_connections = 8
     default_block_size = 4 * 1024 * 1024
