@@ -182,7 +182,16 @@ class ClusterManager:
         return default if raw is None else _U64.unpack(raw)[0]
 
     def _flush(self, changes: _Changes) -> None:
-        """Write what ``changes`` names as one batch (bumping the routing version if needed)."""
+        """Write what ``changes`` names as one batch (bumping the routing version if needed).
+
+        A batch of usage figures alone (every heartbeat while data is written)
+        skips the WAL sync: a killed metaserver keeps it, a power loss may take
+        it, and the next heartbeat reports the figures again either way. So a
+        heartbeat holding the cluster lock does not wait for a WAL sync of its
+        own (on a disk that chunk writes share, a sync waits behind the writes
+        queued on it). Changes of state, chains, nodes and admin steering are
+        synced before the call returns.
+        """
         self._finish_drains(changes)
         if not (changes.bumps_routing or changes.usage or changes.admin):
             return
@@ -206,7 +215,7 @@ class ClusterManager:
             ).encode()
             puts[keys.config_key(_FENCED)] = json.dumps(sorted(self._fenced)).encode()
         try:
-            self.engine.write(puts)
+            self.engine.write(puts, sync=changes.bumps_routing or changes.admin)
         except BaseException:
             self._load()  # memory follows what is stored
             raise

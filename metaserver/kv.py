@@ -92,10 +92,12 @@ class KVEngine(ABC):
     def transaction(self) -> Transaction:
         return Transaction(self)
 
-    def write(self, puts: dict[bytes, bytes], deletes: set[bytes] | None = None) -> None:
-        """A blind atomic batch (no read-set check)."""
+    def write(
+        self, puts: dict[bytes, bytes], deletes: set[bytes] | None = None, *, sync: bool = True
+    ) -> None:
+        """A blind atomic batch (no read-set check); ``sync=False`` as for :meth:`commit`."""
         with self._commit_lock:
-            self._apply(puts, deletes or set())
+            self._apply(puts, deletes or set(), sync)
 
     def commit(
         self,

@@ -130,6 +130,41 @@ def test_heartbeat_reports_usage_and_routing_only_when_newer(three):
     assert resp.routing.version == v and len(resp.routing.chains) == 2
 
 
+class RecordingEngine(MemoryEngine):
+    """Records whether each applied batch asked for a WAL sync."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synced: list[bool] = []
+
+    def _apply(self, puts, deletes, sync=True):
+        self.synced.append(sync)
+        super()._apply(puts, deletes, sync)
+
+
+def test_usage_alone_is_stored_without_a_sync_and_state_changes_with_one(clock):
+    engine = RecordingEngine()
+    cm = manager(engine, clock)
+    for i, node in enumerate(("a", "b", "c")):
+        register(cm, node, port=7000 + 10 * i)
+    assert engine.synced and all(engine.synced)  # registrations and chains
+    engine.synced.clear()
+    heartbeat(cm, "a", version=cm.routing_version, targets=(1, 2))
+    assert engine.synced == [False]
+    # stored all the same: a manager over the same store reads the new figures
+    assert manager(engine, clock).usage() == (60 * GiB, 8 * GiB)
+    heartbeat(cm, "a", targets=(1, 2))  # unchanged figures write nothing
+    assert engine.synced == [False]
+    clock.now += 6
+    heartbeat(cm, "a")
+    heartbeat(cm, "b")
+    cm.check_timeouts()  # c goes offline: synced
+    assert engine.synced[-1] is True and len(engine.synced) == 2
+    heartbeat(cm, "c", targets=(5, 6))  # c returns, with new usage: one synced batch
+    assert engine.synced[-1] is True and len(engine.synced) == 3
+    assert states(cm)[5] == SYNCING
+
+
 def test_heartbeat_from_unknown_node_asks_to_reregister(three):
     resp = heartbeat(three, "zz")
     assert resp.reregister

@@ -119,7 +119,7 @@ def test_rocksdb_commit_survives_kill_9(tmp_path):
 
 
 def test_deferred_commits_share_one_sync(tmp_path):
-    """``commit(sync=False)`` writes without a WAL sync; ``sync()`` makes them all durable."""
+    """``commit``/``write`` with ``sync=False`` skip the WAL sync; ``sync()`` makes all durable."""
     e = kv.RocksEngine(tmp_path / "db")
 
     class CountingSyncs:
@@ -143,6 +143,10 @@ def test_deferred_commits_share_one_sync(tmp_path):
         assert db.syncs == 1
         kv.run_transaction(e, lambda t: t.put(b"k9", b"v"))  # the default syncs
         assert db.syncs == 2
+        e.write({b"w": b"v"}, sync=False)  # a blind batch may defer its sync too
+        assert db.syncs == 2 and e.get(b"w") == b"v"
+        e.write({b"w": b"v2"})
+        assert db.syncs == 3
     finally:
         e._db = db.db
         e.close()
