@@ -183,9 +183,27 @@ def test_failover_and_restart_keep_chains_and_versions(metaserver):
         targets = httpx.get(f"{metaserver.admin_url}/api/v1/targets", timeout=5).json()
         assert targets[4]["state"] == "offline" and targets[4]["node"] == "c"
 
+        # usage figures alone are stored without a WAL sync: a kill -9 keeps them too
+        used = {1: 100 << 20, 2: 200 << 20}
+        nodes.stub.Heartbeat(
+            cluster_pb2.HeartbeatRequest(
+                node_id="a",
+                targets=[
+                    cluster_pb2.TargetReport(target_id=t, capacity=1 << 30, used=u)
+                    for t, u in used.items()
+                ],
+            ),
+            timeout=5,
+        )
+        assert meta.StatFs(meta_pb2.StatFsRequest(ctx=ctx), timeout=5).used == 300 << 20
+        now = nodes.routing()  # usage changes no state, chain or routing version
+        assert now.version == routing.version and list(now.chains) == list(routing.chains)
+
         assert metaserver.kill(signal.SIGKILL) == -signal.SIGKILL
         metaserver.start()
         nodes.connect(metaserver.grpc_address)
+        meta = meta_pb2_grpc.MetaServiceStub(nodes.channel)
+        assert meta.StatFs(meta_pb2.StatFsRequest(ctx=ctx), timeout=5).used == 300 << 20
         after = nodes.routing()
         assert after.version == routing.version
         assert list(after.chains) == list(routing.chains)
@@ -193,7 +211,6 @@ def test_failover_and_restart_keep_chains_and_versions(metaserver):
             (t.target_id, t.state, t.chain_id) for t in routing.targets
         ]
         assert chains_json(metaserver.admin_url) == chains
-        meta = meta_pb2_grpc.MetaServiceStub(nodes.channel)
         stat = meta.Stat(meta_pb2.StatRequest(ctx=ctx, path="/f"), timeout=5)
         assert stat.attr.inode == created.attr.inode  # one store for namespace and cluster
 
