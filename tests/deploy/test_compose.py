@@ -283,6 +283,8 @@ def test_kill_storage_during_large_read(compose_cluster: ComposeCluster):
     size = 256 * MiB
     data = os.urandom(size)
     digest = _sha256(data)
+    # each 4 MiB block's digest, so that a mismatch names the blocks that differ
+    blocks = [_sha256(data[i : i + 4 * MiB]) for i in range(0, size, 4 * MiB)]
     fs = c.fs()
     victim = c.container("storage2")
     try:
@@ -291,18 +293,23 @@ def test_kill_storage_during_large_read(compose_cluster: ComposeCluster):
         h = hashlib.sha256()
         read = 0
         killed_at = None
+        wrong = []
         with fs.open("/big/256m.bin", "rb") as f:
             while True:
                 block = f.read(4 * MiB)
                 if not block:
                     break
                 h.update(block)
+                if _sha256(block) != blocks[read // (4 * MiB)]:
+                    zeros = block.count(0) == len(block)
+                    wrong.append(f"block at {read >> 20} MiB{' (all zeros)' if zeros else ''}")
                 read += len(block)
                 if killed_at is None and read >= 48 * MiB:
                     c.docker("kill", victim)
                     killed_at = read
         assert killed_at is not None and killed_at < size
         assert read == size
+        assert not wrong, f"killed at {killed_at >> 20} MiB; wrong: {wrong}"
         assert h.hexdigest() == digest
         # The metaserver notices: the killed node's targets leave the serving state.
         _wait_until(
@@ -315,7 +322,7 @@ def test_kill_storage_during_large_read(compose_cluster: ComposeCluster):
     finally:
         fs.close()
         c.docker("start", victim)
-    c.wait_serving(180)
+        c.wait_serving(180)  # the next tests need the whole cluster, even after a failure here
     assert c.health("storage2").startswith("running/")
 
 
