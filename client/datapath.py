@@ -407,12 +407,7 @@ class DataClient:
         req = self._read_request(target, chain, inode, index, offset, len(out))
 
         def receive(sock):
-            try:
-                header, meta, crcs = self._recv_head(sock, _READ_RESPONSE)
-            except _Refused as exc:
-                if exc.status == Status.NOT_FOUND:
-                    return 0
-                raise
+            header, meta, crcs = self._recv_head(sock, _READ_RESPONSE)
             resp = data_pb2.ChunkReadResponse.FromString(meta)
             n_data = header.data_len
             if n_data == 0:
@@ -457,9 +452,12 @@ class DataClient:
         """Fill ``out`` with bytes ``[offset, offset+len(out))`` of chunk ``index``.
 
         Bytes past the chunk's end (or of a chunk that does not exist) are
-        zeros: they are holes within the file size. Every byte returned was
-        verified against its block CRC32C. Raises OSError(EIO) when no replica
-        could serve the chunk within ``read_timeout``.
+        zeros: they are holes within the file size. A replica that has no such
+        chunk does not make a hole on its own: the range reads as zeros only
+        when every serving replica answered that it has none (while one is
+        unreachable or refuses, the read is retried). Every byte returned was
+        verified against its block CRC32C. Raises OSError(EIO) when no replica could serve the
+        chunk within ``read_timeout``.
         """
         if not len(out):
             return
@@ -471,6 +469,7 @@ class DataClient:
             seen[0] = info
             failures: list[str] = []
             bad_requests = 0
+            missing = 0
             for target in self._replicas(chain):
                 address = target.data_address
                 with self._lock:
@@ -478,6 +477,9 @@ class DataClient:
                 try:
                     n = self._read_once(target, chain, inode, index, offset, out)
                 except _Refused as exc:
+                    if exc.status == Status.NOT_FOUND:
+                        missing += 1
+                        continue
                     failures.append(f"{address}: {exc}")
                     if exc.status == Status.BAD_REQUEST:
                         bad_requests += 1
@@ -492,6 +494,9 @@ class DataClient:
                         self._outstanding[address] -= 1
                 if n < len(out):
                     out[n:] = bytes(len(out) - n)
+                return
+            if missing and not failures:  # every serving replica says so: a hole
+                out[:] = bytes(len(out))
                 return
             if failures and bad_requests == len(failures):
                 fatal.append(OSError(errno.EIO, f"storage refused the read: {failures[0]}"))

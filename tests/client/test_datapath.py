@@ -210,6 +210,23 @@ def test_missing_and_short_chunks_read_as_zeros(make_client):
     assert read(client, 4096) == bytes(4096)
 
 
+def test_a_replica_without_the_chunk_does_not_hide_it_on_another(make_client):
+    """``NOT_FOUND`` from one replica is a hole only when every serving replica says so."""
+    content = os.urandom(CHUNK)
+    missing = ScriptedServer(refuse(Status.NOT_FOUND))
+    holder = ScriptedServer(ok_read(content))
+    _, client = make_client([missing, holder])
+    for _ in range(4):  # the replicas are asked in turn: each comes first at times
+        assert read(client) == content
+    assert missing.requests  # the replica without it was asked too
+    # a replica that cannot be reached leaves the question open: retried, not zeros
+    dead = ScriptedServer(lambda op, req, data: None)  # closes without answering
+    _, client = make_client([ScriptedServer(refuse(Status.NOT_FOUND)), dead], read_timeout=1)
+    with pytest.raises(OSError) as exc:
+        read(client)
+    assert exc.value.errno == errno.EIO
+
+
 def test_unaligned_read_uses_skip(make_client):
     content = os.urandom(CHUNK)
     block = framing.DEFAULT_BLOCK
