@@ -243,14 +243,13 @@ class MetaClient:
         One entry per path, in order: its attributes (layout and size
         included), or the OSError subclass a single read-only open would raise.
         """
-        out: list[common_pb2.InodeAttr | OSError] = []
-        for i in range(0, len(paths), BATCH_OPEN):
-            part = list(paths[i : i + BATCH_OPEN])
-            req = meta_pb2.BatchOpenRequest(ctx=self.context(), paths=part)
-            results = self._batch("BatchOpen", req, len(part))
-            for path, r in zip(part, results, strict=True):
-                out.append(errors.oserror(r.errno, "", path) if r.errno else r.attr)
-        return out
+        return self._batched(
+            "BatchOpen",
+            paths,
+            paths,
+            lambda part: meta_pb2.BatchOpenRequest(ctx=self.context(), paths=part),
+            lambda r: r.attr,
+        )
 
     def batch_write_open(
         self, paths: Sequence[str], flags: int, mode: int = 0o644
@@ -261,16 +260,15 @@ class MetaClient:
         subclass it would raise. Each path has a request id of its own, so a
         retried call opens nothing twice.
         """
-        out: list[meta_pb2.OpenResponse | OSError] = []
-        for i in range(0, len(paths), BATCH_OPEN):
-            part = list(paths[i : i + BATCH_OPEN])
-            req = meta_pb2.BatchWriteOpenRequest(
+        return self._batched(
+            "BatchWriteOpen",
+            paths,
+            paths,
+            lambda part: meta_pb2.BatchWriteOpenRequest(
                 ctx=self.context(len(part)), paths=part, flags=flags, mode=mode
-            )
-            results = self._batch("BatchWriteOpen", req, len(part))
-            for path, r in zip(part, results, strict=True):
-                out.append(errors.oserror(r.errno, "", path) if r.errno else r.opened)
-        return out
+            ),
+            lambda r: r.opened,
+        )
 
     def batch_close(
         self, items: Sequence[tuple[int, int, int, bool]], paths: Sequence[str]
@@ -282,26 +280,36 @@ class MetaClient:
         in order: the file's attributes, or the OSError subclass ``Close``
         would raise.
         """
-        out: list[common_pb2.InodeAttr | OSError] = []
-        for i in range(0, len(items), BATCH_OPEN):
-            part = items[i : i + BATCH_OPEN]
-            req = meta_pb2.BatchCloseRequest(
+        return self._batched(
+            "BatchClose",
+            items,
+            paths,
+            lambda part: meta_pb2.BatchCloseRequest(
                 ctx=self.context(len(part)),
                 items=[
                     meta_pb2.CloseItem(inode=n, session_id=s, length=length, wrote=w)
                     for n, s, length, w in part
                 ],
-            )
-            results = self._batch("BatchClose", req, len(part))
-            for path, r in zip(paths[i : i + BATCH_OPEN], results, strict=True):
-                out.append(errors.oserror(r.errno, "", path) if r.errno else r.attr)
-        return out
+            ),
+            lambda r: r.attr,
+        )
 
-    def _batch(self, method: str, req, n: int):
-        results = self.meta(method, req).results
-        if len(results) != n:
-            raise OSError(errno.EIO, f"{method} answered for the wrong number of items")
-        return results
+    def _batched(self, method: str, items: Sequence, paths: Sequence[str], request, value) -> list:
+        """``method`` over ``items``, :data:`BATCH_OPEN` to a call: per item its value or OSError.
+
+        ``request(part)`` makes the request of a list of items, ``value(result)``
+        picks what a successful item's result gives, ``paths`` name the items
+        in errors.
+        """
+        out: list = []
+        for i in range(0, len(items), BATCH_OPEN):
+            part = list(items[i : i + BATCH_OPEN])
+            results = self.meta(method, request(part)).results
+            if len(results) != len(part):
+                raise OSError(errno.EIO, f"{method} answered for the wrong number of items")
+            for path, r in zip(paths[i : i + BATCH_OPEN], results, strict=True):
+                out.append(errors.oserror(r.errno, "", path) if r.errno else value(r))
+        return out
 
     def close_file(
         self, inode: int, session_id: int, length: int, wrote: bool, path: str | None = None
@@ -362,16 +370,15 @@ class MetaClient:
         One entry per path: the number of entries removed, or the OSError
         subclass ``Remove`` would raise.
         """
-        out: list[int | OSError] = []
-        for i in range(0, len(paths), BATCH_OPEN):
-            part = list(paths[i : i + BATCH_OPEN])
-            req = meta_pb2.BatchRemoveRequest(
+        return self._batched(
+            "BatchRemove",
+            paths,
+            paths,
+            lambda part: meta_pb2.BatchRemoveRequest(
                 ctx=self.context(len(part)), paths=part, recursive=recursive
-            )
-            results = self._batch("BatchRemove", req, len(part))
-            for path, r in zip(part, results, strict=True):
-                out.append(errors.oserror(r.errno, "", path) if r.errno else r.removed)
-        return out
+            ),
+            lambda r: r.removed,
+        )
 
     def rename(self, src: str, dst: str, no_replace: bool = False) -> common_pb2.InodeAttr:
         req = meta_pb2.RenameRequest(ctx=self.context(), src=src, dst=dst, no_replace=no_replace)
