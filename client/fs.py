@@ -815,10 +815,7 @@ class EmberFileSystem(AbstractFileSystem):
             callback.set_size(f1.size)
         close = outfile is None
         if close:
-            parent = os.path.dirname(os.fspath(lpath))
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            outfile = open(lpath, "wb")
+            outfile = _open_local(lpath)
         try:
             buf = bytearray(min(max(f1.size, 1), max(self.default_block_size, f1.blocksize)))
             view = memoryview(buf)
@@ -1076,12 +1073,17 @@ def _moved(callback, src, dst, nbytes: int) -> None:
         child.relative_update(nbytes)
 
 
-def _write_local(path, data) -> None:
-    """Write ``data`` as the local file ``path``, making its parent directories."""
+def _open_local(path):
+    """The local file ``path`` opened for writing, its parent directories made first."""
     parent = os.path.dirname(os.fspath(path))
     if parent:
         os.makedirs(parent, exist_ok=True)
-    with open(path, "wb") as f:
+    return open(path, "wb")  # noqa: SIM115 - the caller closes it
+
+
+def _write_local(path, data) -> None:
+    """Write ``data`` as the local file ``path``, making its parent directories."""
+    with _open_local(path) as f:
         f.write(data)
 
 
