@@ -158,6 +158,22 @@ class ConnectionPool:
             self._cond.notify_all()
 
 
+def _check_answer(resp, inode: int, index: int, offset: int, data_len: int) -> None:
+    """Raise FrameError unless a read's answer carries the asked chunk at the asked offset.
+
+    The block CRCs travel with the data, so they cannot tell an answer meant
+    for another read from the right one; the chunk id and offset it names can.
+    """
+    chunk = resp.chunk
+    if (chunk.inode, chunk.index) != (inode, index) or (
+        data_len and resp.data_offset + resp.skip != offset
+    ):
+        raise framing.FrameError(
+            f"answer for chunk {chunk.inode}:{chunk.index} at {resp.data_offset + resp.skip}"
+            f" to a read of chunk {inode}:{index} at {offset}"
+        )
+
+
 class _Refused(Exception):
     """A storage server answered with an error status."""
 
@@ -200,11 +216,12 @@ class PendingRead:
     or :meth:`cancel`.
     """
 
-    __slots__ = ("_client", "_lane", "length", "_state", "_answer")
+    __slots__ = ("_client", "_lane", "chunk", "length", "_state", "_answer")
 
-    def __init__(self, client: DataClient, lane: _Lane, length: int):
+    def __init__(self, client: DataClient, lane: _Lane, chunk: tuple[int, int, int], length: int):
         self._client = client
         self._lane = lane
+        self.chunk = chunk  # (inode, index, offset) asked
         self.length = length
         self._state = _SENT
         self._answer: tuple | None = None  # (header, meta, crcs, data) when kept
@@ -214,7 +231,8 @@ class PendingRead:
 
         Every byte is verified against its block CRC32C. The answers of reads
         sent before it on the same connection are received first (dropped when
-        cancelled, kept for their own ``finish_into`` otherwise). False, with
+        cancelled, kept for their own ``finish_into`` otherwise). An answer
+        that names another chunk or offset closes the connection. False, with
         ``out`` in any state, when the replica refused, answered with fewer
         bytes (a hole or the chunk's end), failed or sent a bad checksum: the
         caller then reads the range with :meth:`DataClient.read_chunk`, which
@@ -271,10 +289,10 @@ class PendingRead:
         return self._verified(out, crcs, header.block_size)
 
     def _usable(self, header, meta: bytes, n: int) -> bool:
-        return (
-            header.data_len == n == self.length
-            and data_pb2.ChunkReadResponse.FromString(meta).skip == 0
-        )
+        """Whether the answer fills the whole ``n`` bytes asked (FrameError: not this read's)."""
+        resp = data_pb2.ChunkReadResponse.FromString(meta)
+        _check_answer(resp, *self.chunk, header.data_len)
+        return header.data_len == n == self.length and resp.skip == 0
 
     def _verified(self, out: memoryview, crcs, block_size: int) -> bool:
         """Whether ``out`` matches its block CRCs (a mismatch marks the server bad)."""
@@ -410,6 +428,7 @@ class DataClient:
             header, meta, crcs = self._recv_head(sock, _READ_RESPONSE)
             resp = data_pb2.ChunkReadResponse.FromString(meta)
             n_data = header.data_len
+            _check_answer(resp, inode, index, offset, n_data)
             if n_data == 0:
                 return 0
             if resp.skip == 0 and n_data <= len(out):
@@ -541,7 +560,7 @@ class DataClient:
                     lane = self._open_lane(address)
                     if lane is None:
                         break
-                pending = self._send_on(lane, req, length)
+                pending = self._send_on(lane, req, (inode, index, offset), length)
                 if pending is not None:
                     return pending
         return None
@@ -563,14 +582,16 @@ class DataClient:
         self.pool.release(address, sock)  # another thread opened one meanwhile
         return lane
 
-    def _send_on(self, lane: _Lane, req: bytes, length: int) -> PendingRead | None:
+    def _send_on(
+        self, lane: _Lane, req: bytes, chunk: tuple[int, int, int], length: int
+    ) -> PendingRead | None:
         """Queue a read on ``lane`` and send its request (one step, so answers keep the order)."""
         address = lane.address
         with lane.send_lock:
             with self._lock:
                 if not self._is_open(lane) or self._pending[address] >= self._lane_depth:
                     return None
-                pending = PendingRead(self, lane, length)
+                pending = PendingRead(self, lane, chunk, length)
                 lane.queue.append(pending)
                 self._pending[address] += 1
                 self._outstanding[address] += 1

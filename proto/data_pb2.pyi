@@ -30,16 +30,18 @@ class ChunkReadRequest(_message.Message):
     def __init__(self, chain_id: _Optional[int] = ..., target_id: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chain_version: _Optional[int] = ...) -> None: ...
 
 class ChunkReadResponse(_message.Message):
-    __slots__ = ("version", "chunk_length", "data_offset", "skip")
+    __slots__ = ("version", "chunk_length", "data_offset", "skip", "chunk")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_LENGTH_FIELD_NUMBER: _ClassVar[int]
     DATA_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SKIP_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     version: int
     chunk_length: int
     data_offset: int
     skip: int
-    def __init__(self, version: _Optional[int] = ..., chunk_length: _Optional[int] = ..., data_offset: _Optional[int] = ..., skip: _Optional[int] = ...) -> None: ...
+    chunk: ChunkId
+    def __init__(self, version: _Optional[int] = ..., chunk_length: _Optional[int] = ..., data_offset: _Optional[int] = ..., skip: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ...) -> None: ...
 
 class ChunkWriteRequest(_message.Message):
     __slots__ = ("chain_id", "chain_version", "target_id", "chunk", "offset", "chunk_size", "client_id", "request_id", "update_version", "full_chunk", "base_version", "sync")

@@ -566,7 +566,7 @@ class DataServer:
                 framing.send_file_frame(
                     conn.sock,
                     Op.READ | framing.RESPONSE,
-                    plan.response().SerializeToString(),
+                    plan.response(inode, index).SerializeToString(),
                     fd,
                     plan.data_offset,
                     plan.send_length,

@@ -221,12 +221,14 @@ class ReadPlan:
     crc_first: int  # index of the first block's CRC in the chunk's CRC table
     crc_count: int
 
-    def response(self) -> data_pb2.ChunkReadResponse:
+    def response(self, inode: int, index: int) -> data_pb2.ChunkReadResponse:
+        """The answer's meta, naming the chunk read (the client checks it)."""
         return data_pb2.ChunkReadResponse(
             version=self.version,
             chunk_length=self.chunk_length,
             data_offset=self.data_offset,
             skip=self.skip,
+            chunk=data_pb2.ChunkId(inode=inode, index=index),
         )
 
 

@@ -85,7 +85,7 @@ def ok_read(content: bytes):
     def rule(op, req, data):
         piece = content[req.offset : req.offset + req.length]
         meta = data_pb2.ChunkReadResponse(
-            version=1, chunk_length=len(content), data_offset=req.offset
+            version=1, chunk_length=len(content), data_offset=req.offset, chunk=req.chunk
         ).SerializeToString()
         return Status.OK, meta, piece or None, None
 
@@ -227,6 +227,40 @@ def test_a_replica_without_the_chunk_does_not_hide_it_on_another(make_client):
     assert exc.value.errno == errno.EIO
 
 
+def answers_for(content: bytes, chunk_index: int = 0, shift: int = 0):
+    """A replica that answers every read with ``content`` of chunk ``chunk_index``, ``shift``
+    bytes further on, and says so in the answer; its CRCs match the bytes it sends."""
+
+    def rule(op, req, data):
+        at = req.offset + shift
+        meta = data_pb2.ChunkReadResponse(
+            version=1,
+            chunk_length=len(content),
+            data_offset=at,
+            chunk=data_pb2.ChunkId(inode=req.chunk.inode, index=chunk_index),
+        ).SerializeToString()
+        return Status.OK, meta, content[at : at + req.length] or None, None
+
+    return rule
+
+
+@pytest.mark.parametrize("wrong", ["chunk", "offset"])
+def test_an_answer_for_another_read_is_never_returned(make_client, wrong):
+    """Its CRCs hold, so only the chunk and offset it names tell it from the right one."""
+    content = os.urandom(CHUNK)
+    other = answers_for(os.urandom(CHUNK), 1) if wrong == "chunk" else answers_for(content, 0, 4096)
+    stray, good = ScriptedServer(other), ScriptedServer(ok_read(content))
+    _, client = make_client([stray, good])
+    for _ in range(4):  # the replicas are asked in turn: the stray one comes first at times
+        assert read(client, 8192) == content[:8192]
+    assert stray.requests
+    # a sent read (one connection per server, answers in order) checks it too
+    _, client = make_client([ScriptedServer(other)])
+    first, second = sent(client, range(2))
+    assert finish(first) is None and finish(second) is None  # both fall back to fetches
+    assert not any(client._pending.values())
+
+
 def test_unaligned_read_uses_skip(make_client):
     content = os.urandom(CHUNK)
     block = framing.DEFAULT_BLOCK
@@ -235,7 +269,11 @@ def test_unaligned_read_uses_skip(make_client):
         first = req.offset // block * block
         end = min(len(content), -(-(req.offset + req.length) // block) * block)
         meta = data_pb2.ChunkReadResponse(
-            version=1, chunk_length=len(content), data_offset=first, skip=req.offset - first
+            version=1,
+            chunk_length=len(content),
+            data_offset=first,
+            skip=req.offset - first,
+            chunk=req.chunk,
         ).SerializeToString()
         return Status.OK, meta, content[first:end], None
 

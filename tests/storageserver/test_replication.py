@@ -127,8 +127,9 @@ def test_plan_read_widens_to_blocks():
     assert (plan.crc_first, plan.crc_count) == (0, 4)
     plan = rp.plan_read(meta, 3 * BS + 50, 10**6, BS)  # past the end: what exists
     assert (plan.data_offset, plan.send_length, plan.skip) == (3 * BS, 100, 50)
-    r = plan.response()
+    r = plan.response(7, 2)
     assert (r.version, r.chunk_length, r.data_offset, r.skip) == (3, length, 3 * BS, 50)
+    assert (r.chunk.inode, r.chunk.index) == (7, 2)
 
 
 def test_plan_read_past_end_missing_and_pending():
