@@ -266,7 +266,11 @@ def send_file_frame(
     crcs: list[int],
     block_size: int,
 ) -> None:
-    """Send a frame whose data comes straight from a file with ``os.sendfile``."""
+    """Send a frame whose data comes straight from a file with ``os.sendfile``.
+
+    On a blocking socket, ``SO_SNDTIMEO`` bounds each stall (TimeoutError);
+    on a socket with a timeout, that timeout does.
+    """
     head = pack_header(op, Status.OK, len(meta), length, block_size) + meta + _crc_table(crcs)
     sock.sendall(head)
     sent = 0
@@ -275,6 +279,8 @@ def send_file_frame(
         try:
             n = os.sendfile(sock.fileno(), fd, offset + sent, length - sent)
         except BlockingIOError:
+            if timeout is None:  # a blocking socket whose SO_SNDTIMEO ran out
+                raise TimeoutError("timed out sending file data") from None
             # A socket with a timeout is non-blocking underneath: wait until it drains.
             _, writable, _ = select.select([], [sock], [], timeout)
             if not writable:

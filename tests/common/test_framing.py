@@ -5,6 +5,7 @@ import random
 import socket
 import struct
 import threading
+import time
 
 import crc32c
 import pytest
@@ -211,6 +212,36 @@ def test_sendfile_frame_on_a_socket_with_timeout(tmp_path):
         a.close()
         b.close()
     assert bytes(frame.data) == data
+
+
+def test_sendfile_to_a_reader_that_never_reads_times_out(tmp_path):
+    """A blocking socket with a send limit (how the storage server sends reads) ends the
+    frame when the limit runs out, instead of waiting for the reader for ever."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 0, 300_000))
+    a.settimeout(None)
+    path = tmp_path / "big"
+    data = os.urandom(16 << 20)  # far more than the socket buffers hold
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            framing.send_file_frame(
+                a,
+                framing.Op.READ | framing.RESPONSE,
+                b"",
+                fd,
+                0,
+                len(data),
+                framing.block_crcs(data),
+                framing.DEFAULT_BLOCK,
+            )
+        assert time.monotonic() - t0 < 5
+    finally:
+        os.close(fd)
+        a.close()
+        b.close()
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 65536, 3 * 65536 + 100, 4 << 20])

@@ -498,6 +498,36 @@ def test_peer_stalling_mid_frame_is_dropped(tmp_path):
         c.close()
 
 
+def _wait(condition, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_reader_that_stops_reading_is_dropped(tmp_path):
+    """A client that asks for chunks and never takes the answers holds no server thread."""
+    c = Cluster(tmp_path, frame_timeout=0.5, idle_timeout=30.0)
+    try:
+        data = os.urandom(CS)
+        assert write(c, data)[0] == Status.OK
+        server = c.servers[3]
+        before = server.connections  # the chain's forwarding connection from target 2
+        with connect(c.addr(3)) as stuck:
+            stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            req = data_pb2.ChunkReadRequest(
+                chain_id=1, target_id=3, chunk=data_pb2.ChunkId(inode=7), length=CS
+            ).SerializeToString()
+            for _ in range(64):  # far more than the socket buffers of both ends hold
+                framing.send_frame(stuck, Op.READ, req)
+            _wait(lambda: server.connections == before + 1, 5)
+            # the send stalls; within a few send limits the server gives the connection up
+            _wait(lambda: server.connections == before, 15)
+        assert read(c, 3) == (Status.OK, data)
+    finally:
+        c.close()
+
+
 def test_connection_limit(tmp_path):
     c = Cluster(tmp_path, max_connections=2)
     try:
