@@ -585,6 +585,8 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
             status, value = "skipped", "-"
         else:
             status, value = ("met" if t["met"] else "NOT MET"), f"{t['ratio']:.2f}x"
+            if t["met"] != (round(t["ratio"], 2) >= t["target"]):  # 0.2996 is not 0.30
+                value = f"{t['ratio']:.4f}x"
         if t.get("rounds", 0) and t["rounds"] > 1:
             status += f" ({t['rounds_met']} of {t['rounds']} rounds)"
         print(
