@@ -117,6 +117,7 @@ def build_namespace(
         usage=cluster.usage,
         default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
         session_timeout=args.session_timeout,
+        gc_queued=cluster.gc_queued,
     )
 
 

@@ -86,6 +86,11 @@ class Namespace:
     session_timeout : float, optional
         Seconds a write session lives without a renewal before
         :meth:`Namespace.expire_sessions` ends it (default 300).
+    gc_queued : callable, optional
+        ``gc_queued(gc_ids)`` is told the GC items an operation queued, after
+        its commit (:meth:`ClusterManager.gc_queued
+        <emberfs.metaserver.cluster.ClusterManager.gc_queued>`, so that
+        ``FetchGC`` scans need not start at the front of the queue).
 
     Every method takes a MetaService request message and returns its
     response message, raising :class:`emberfs.common.errors.EmberError`
@@ -102,6 +107,7 @@ class Namespace:
         default_layout: common_pb2.Layout | None = None,
         clock: Callable[[], int] = time.time_ns,
         session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+        gc_queued: Callable[[list[int]], None] = lambda gc_ids: None,
     ):
         if not session_timeout > 0:
             raise ValueError(f"session timeout {session_timeout} is not positive")
@@ -114,6 +120,7 @@ class Namespace:
             raise ValueError(f"stripe {default_layout.stripe} is outside 1..{layouts.MAX_STRIPE}")
         self.engine = engine
         self._clock = clock
+        self._gc_queued = gc_queued
         self._usage = usage
         self.session_timeout_ns = int(session_timeout * 1e9)
         self._env = NamespaceEnv(
@@ -188,6 +195,8 @@ class Namespace:
             response = run_transaction(self.engine, attempt, sync=sync)
         except Conflict:
             raise Unavailable("the namespace is too busy; retry") from None
+        finally:
+            self._report_gc(last)
         if last:
             self._count(last[0])
         return response
@@ -231,6 +240,16 @@ class Namespace:
                     result.errno = exc.errno
         finally:
             self.engine.sync()
+
+    def _report_gc(self, last: list[OpContext]) -> None:
+        """Hand the GC items the last attempt queued to ``gc_queued``.
+
+        Called once the commit is over, whatever its outcome: reporting an
+        item that was not committed costs a scan a few more keys, while an
+        unreported one would be skipped by ``FetchGC`` until the next sweep.
+        """
+        if last and last[0].gc_queued:
+            self._gc_queued(list(last[0].gc_queued))
 
     def _count(self, op: OpContext) -> None:
         """Apply the inode count changes of a committed operation."""
@@ -396,6 +415,8 @@ class Namespace:
                 candidate.inode,
             )
             return None
+        finally:
+            self._report_gc(last)
         if session is not None and last:
             self._count(last[0])
         return session

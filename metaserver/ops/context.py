@@ -107,6 +107,7 @@ class OpContext:
     now: int
     client_id: str = ""
     delta: dict[int, int] = field(default_factory=dict)  # FileType -> inodes added
+    gc_queued: list[int] = field(default_factory=list)  # ids of the GC items queued
 
     # inodes -------------------------------------------------------------
 
@@ -204,3 +205,4 @@ class OpContext:
         """Queue the chunks of a removed file for deletion on storage."""
         item = cluster_pb2.GCItem(gc_id=attr.inode, inode=attr.inode, chains=attr.layout.chains)
         self.txn.put(keys.gc_key(attr.inode), item.SerializeToString())
+        self.gc_queued.append(attr.inode)

@@ -411,6 +411,57 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
     assert found in possible, "namespace differs from the acknowledged operations"
 
 
+@pytest.mark.timeout(60)
+def test_a_removed_file_is_fetched_for_gc_at_once_even_below_the_collected_ones(metaserver):
+    """The metaserver's removals reach ``FetchGC`` straight away, whatever the inode's age.
+
+    ``FetchGC`` scans from the lowest id still queued; a removal of an old file (a lower
+    inode id than the items already collected) lowers that point as it commits, so it
+    does not wait for the background sweep (every 10 s).
+    """
+    metaserver.start()
+    nodes = Nodes(metaserver.grpc_address)
+    for i, node in enumerate(("a", "b", "c")):
+        nodes.stub.RegisterNode(
+            cluster_pb2.RegisterNodeRequest(
+                node_id=node,
+                data_address=f"127.0.0.1:{7100 + 10 * i}",
+                grpc_address=f"127.0.0.1:{7101 + 10 * i}",
+                targets=[cluster_pb2.TargetReport(capacity=1 << 30)],
+            ),
+            timeout=5,
+        )
+    targets = sorted(t.target_id for t in nodes.routing().targets)
+    meta = meta_pb2_grpc.MetaServiceStub(nodes.channel)
+    ctx = common_pb2.RequestContext(client_id="gc-test")
+    inodes = {}
+    for name in ("old", "new"):
+        made = meta.Create(
+            meta_pb2.CreateRequest(ctx=ctx, path=f"/{name}", mode=0o644, exclusive=True),
+            timeout=5,
+        )
+        inodes[name] = made.attr.inode
+    assert inodes["old"] < inodes["new"]
+
+    def fetched() -> list[int]:
+        resp = nodes.stub.FetchGC(cluster_pb2.FetchGCRequest(target_ids=targets), timeout=5)
+        return [item.inode for item in resp.items]
+
+    def collect(inode: int) -> None:
+        for tid in targets:
+            nodes.stub.AckGC(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=[inode]), timeout=5)
+
+    assert fetched() == []
+    meta.Remove(meta_pb2.RemoveRequest(ctx=ctx, path="/new"), timeout=5)
+    assert fetched() == [inodes["new"]]
+    collect(inodes["new"])
+    assert fetched() == []  # the queue is empty, and scans now start past its end
+    meta.Remove(meta_pb2.RemoveRequest(ctx=ctx, path="/old"), timeout=5)
+    assert fetched() == [inodes["old"]]  # at once, not after the next sweep
+    collect(inodes["old"])
+    assert fetched() == []
+
+
 def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
     from emberfs.metaserver import main as meta_main
 
