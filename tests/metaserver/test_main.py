@@ -104,6 +104,19 @@ class Nodes:
     def routing(self) -> common_pb2.RoutingInfo:
         return self.stub.GetRouting(cluster_pb2.GetRoutingRequest(), timeout=5).routing
 
+    def register(self, nodes=("a", "b", "c"), first_port: int = 7100) -> None:
+        """Register ``nodes`` with one target each (their addresses lead nowhere)."""
+        for i, node in enumerate(nodes):
+            self.stub.RegisterNode(
+                cluster_pb2.RegisterNodeRequest(
+                    node_id=node,
+                    data_address=f"127.0.0.1:{first_port + 10 * i}",
+                    grpc_address=f"127.0.0.1:{first_port + 1 + 10 * i}",
+                    targets=[cluster_pb2.TargetReport(capacity=1 << 30)],
+                ),
+                timeout=5,
+            )
+
 
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
@@ -304,16 +317,7 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
 
     metaserver.start()
     nodes = Nodes(metaserver.grpc_address)
-    for i, node in enumerate(("a", "b", "c")):
-        nodes.stub.RegisterNode(
-            cluster_pb2.RegisterNodeRequest(
-                node_id=node,
-                data_address=f"127.0.0.1:{7100 + 10 * i}",
-                grpc_address=f"127.0.0.1:{7101 + 10 * i}",
-                targets=[cluster_pb2.TargetReport(capacity=1 << 30)],
-            ),
-            timeout=5,
-        )
+    nodes.register()
     meta = meta_pb2_grpc.MetaServiceStub(nodes.channel)
     rng = random.Random(7)
     model: dict[str, str] = {}
@@ -421,16 +425,7 @@ def test_a_removed_file_is_fetched_for_gc_at_once_even_below_the_collected_ones(
     """
     metaserver.start()
     nodes = Nodes(metaserver.grpc_address)
-    for i, node in enumerate(("a", "b", "c")):
-        nodes.stub.RegisterNode(
-            cluster_pb2.RegisterNodeRequest(
-                node_id=node,
-                data_address=f"127.0.0.1:{7100 + 10 * i}",
-                grpc_address=f"127.0.0.1:{7101 + 10 * i}",
-                targets=[cluster_pb2.TargetReport(capacity=1 << 30)],
-            ),
-            timeout=5,
-        )
+    nodes.register()
     targets = sorted(t.target_id for t in nodes.routing().targets)
     meta = meta_pb2_grpc.MetaServiceStub(nodes.channel)
     ctx = common_pb2.RequestContext(client_id="gc-test")
