@@ -116,8 +116,8 @@ class GCFloor:
     GC items are keyed by inode id, so a removal queues an item under an old
     id as often as under a new one, and every finished item leaves a RocksDB
     tombstone that a scan from the start of the queue steps over until
-    compaction: ``FetchGC`` grew from 0.07 ms to several ms after some
-    thousands of removals, for every call of every storage node.
+    compaction: ``FetchGC`` took 1.0 ms after 15,000 removals and 3.6 ms
+    after 50,000 (in-process), for every call of every storage node.
 
     Invariant: no queued item has an id below the floor. Queuing an item
     lowers it (:meth:`lower`, called after the item's commit). A scan reads
