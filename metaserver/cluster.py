@@ -649,9 +649,13 @@ class ClusterManager:
         return required
 
     @staticmethod
-    def _gc_item(key: bytes, raw: bytes) -> cluster_pb2.GCItem:
+    def _gc_id(key: bytes) -> int:
+        return _U64.unpack(key[len(keys.GC) :])[0]
+
+    @classmethod
+    def _gc_item(cls, key: bytes, raw: bytes) -> cluster_pb2.GCItem:
         item = cluster_pb2.GCItem.FromString(raw)
-        item.gc_id = _U64.unpack(key[len(keys.GC) :])[0]  # the key is authoritative
+        item.gc_id = cls._gc_id(key)  # the key is authoritative
         return item
 
     @staticmethod
@@ -700,8 +704,8 @@ class ClusterManager:
 
     def gc_queued(self, gc_ids: list[int]) -> None:
         """Items were queued (called after their commit): scans must not skip them."""
-        for gc_id in gc_ids:
-            self._gc_floor.lower(gc_id)
+        if gc_ids:
+            self._gc_floor.lower(min(gc_ids))
 
     def _scan_gc(self, limit: int | None = None) -> Iterator[cluster_pb2.GCItem]:
         """The queued items in id order, from the :class:`GCFloor` on (which it raises)."""
@@ -746,7 +750,7 @@ class ClusterManager:
         if items:
             # The whole queue from its start: an item that reached the queue without
             # ``gc_queued`` below the floor is found here and fetched from now on.
-            self._gc_floor.lower(_U64.unpack(items[0][0][len(keys.GC) :])[0])
+            self._gc_floor.lower(self._gc_id(items[0][0]))
         for key, raw in items:
             item = self._gc_item(key, raw)
 
