@@ -475,8 +475,8 @@ class DataClient:
         chunk does not make a hole on its own: the range reads as zeros only
         when every serving replica answered that it has none (while one is
         unreachable or refuses, the read is retried). Every byte returned was
-        verified against its block CRC32C. Raises OSError(EIO) when no replica could serve the
-        chunk within ``read_timeout``.
+        verified against its block CRC32C. Raises OSError(EIO) when no replica
+        could serve the chunk within ``read_timeout``.
         """
         if not len(out):
             return
