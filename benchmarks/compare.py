@@ -200,6 +200,23 @@ def device_write_rate(where: Path, size: int, unit: int, writers: int = 3) -> fl
     return writers * (size - size % unit) / elapsed
 
 
+def disk_read_bytes() -> int | None:
+    """Bytes the machine has read from block devices since boot (``pgpgin``), or None.
+
+    Taken around a reader, it shows whether a read that should come from the
+    page cache went to the disk (the cache evicted under memory pressure).
+    """
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == "pgpgin":
+                    return int(value) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def warm_tree(root: Path) -> int:
     """Read every chunk file of the storage servers under ``root`` once; the bytes read.
 
@@ -337,12 +354,20 @@ def measure(args) -> dict:
             )  # fmt: skip
 
         def ember_read(key: str, mode: str, *extra: str, path: str | None = None) -> None:
-            """One EmberFS reader process (the smaller file by default), recorded as ``key``."""
+            """One EmberFS reader process (the smaller file by default), recorded as ``key``.
+
+            The machine's disk reads while it ran are kept beside it: the
+            chunk files were read into the page cache first, so any are bytes
+            the cache had evicted.
+            """
+            before = disk_read_bytes()
             r = run_reader(
                 "--meta", meta, "--path", path or emb_small, "--mode", mode,
                 "--unit", str(chunk), *extra,
             )  # fmt: skip
-            series.add(key, r["bytes_per_s"], rss=r["maxrss_bytes"])
+            after = disk_read_bytes()
+            disk = {} if before is None or after is None else {"disk": after - before}
+            series.add(key, r["bytes_per_s"], rss=r["maxrss_bytes"], **disk)
 
         # The first write of a fresh cluster also pays for starting up: new
         # connections and their buffers, the servers' first calls, memory no
@@ -472,6 +497,7 @@ def measure(args) -> dict:
     doc["throughput"] = med
     doc["samples"] = series.samples
     doc["peak_rss_bytes"] = {k: max(v["rss"]) for k, v in series.extra.items() if "rss" in v}
+    doc["disk_read_bytes"] = {k: v["disk"] for k, v in series.extra.items() if "disk" in v}
     doc["seaweed"] = {"used": use_seaweed, "reason": seaweed_reason}
     m1, m8 = doc["meta_1"], doc["meta_8"]
     # ratios of two figures measured in the same rounds: the median of the
@@ -537,6 +563,7 @@ def log(message: str) -> None:
 def print_report(doc: dict, stream=sys.stdout) -> None:
     med = doc["throughput"]
     rss = doc["peak_rss_bytes"]
+    disk = doc.get("disk_read_bytes", {})
     names = {
         "raw": "raw TCP ceiling (1 conn, sendfile -> recv_into)",
         "raw_fresh": "raw TCP into a fresh whole-file buffer",
@@ -561,6 +588,8 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
     for key in sorted(med, key=lambda k: (not k.startswith(("raw", "local")), k)):
         label = names.get(key, key.replace("_", " "))
         extra = f"  peak RSS {rss[key] / MiB:.0f} MiB" if key in rss else ""
+        if max(disk.get(key, [0])) >= MiB:
+            extra += f"  from disk {'/'.join(f'{b / MiB:.0f}' for b in disk[key])} MiB"
         print(f"  {label:<52} {human(med[key]):>12}{extra}", file=stream)
     for threads in (1, 8):
         m = doc[f"meta_{threads}"]

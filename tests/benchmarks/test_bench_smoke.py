@@ -84,8 +84,10 @@ def test_compare_ratios_pair_rounds_and_report_their_range():
     assert series.round_ratios("write", "raw") is None
     assert series.ratio("write", "raw") == pytest.approx(1.0 / 3.0)
     doc = {
-        "throughput": {},
+        "throughput": {"readinto_4GiB": 2e9, "emberfs_readinto": 2e9},
         "peak_rss_bytes": {},
+        # a reader that went to the disk says so; one that read a few KiB does not
+        "disk_read_bytes": {"readinto_4GiB": [0, 300 * 2**20], "emberfs_readinto": [4096]},
         "meta_1": {k: 1.0 for k in ("ping_per_s", "stat_per_s", "create_per_s")},
         "seaweed": {"used": True},
         "ratio_rounds": {"readinto_vs_raw": [0.5, 0.9, 0.9], "stream_vs_raw": [0.7, 0.8]},
@@ -124,6 +126,10 @@ def test_compare_ratios_pair_rounds_and_report_their_range():
     # a ratio just short of its target is not printed as if it reached it
     short = next(line for line in lines if line.strip().startswith("write R=3"))
     assert "0.2996x" in short and "NOT MET" in short
+    large = next(line for line in lines if line.strip().startswith("readinto 4GiB"))
+    assert large.endswith("from disk 0/300 MiB")
+    small = next(line for line in lines if line.strip().startswith("EmberFS readinto(4 MiB"))
+    assert "from disk" not in small
 
 
 def test_emberfs_bench_local_json():
@@ -298,6 +304,8 @@ def test_compare_smoke(tmp_path):
     ):
         assert thr[key] > 0, key
     assert doc["peak_rss_bytes"]["emberfs_readinto"] > 0
+    # the machine's disk reads while each reader ran (page-cache misses), per round
+    assert [b >= 0 for b in doc["disk_read_bytes"]["emberfs_readinto"]] == [True]
     # every replica of both files was read into the page cache before the rounds
     assert doc["replica_bytes_warmed"] >= 3 * sum(doc["sizes"])
     # ... and the first write's file was removed, with its chunks, before that
