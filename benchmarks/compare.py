@@ -92,7 +92,13 @@ def size_name(n: int) -> str:
 
 
 def run_reader(*args: str, timeout: float = 900.0) -> dict:
-    """One :mod:`reader` process; its JSON report."""
+    """One :mod:`reader` process; its JSON report.
+
+    The harness adds ``disk_read_bytes``: the machine's disk reads while the
+    process ran (None where the kernel does not tell). The files read were put
+    in the page cache first, so any are bytes the cache had evicted.
+    """
+    before = disk_read_bytes()
     out = subprocess.run(
         [sys.executable, str(READER), *args],
         capture_output=True,
@@ -102,7 +108,10 @@ def run_reader(*args: str, timeout: float = 900.0) -> dict:
     )
     if out.returncode != 0:
         raise RuntimeError(f"reader {' '.join(args)} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    after = disk_read_bytes()
+    report["disk_read_bytes"] = None if before is None or after is None else after - before
+    return report
 
 
 def run_parallel(n: int, *args: str, timeout: float = 900.0) -> dict:
@@ -215,6 +224,16 @@ def disk_read_bytes() -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def warm_files(root: Path) -> int:
+    """Read every regular file under ``root`` once; the bytes read."""
+    total = 0
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            raw_tcp.warm(path)
+            total += path.stat().st_size
+    return total
 
 
 def warm_tree(root: Path) -> int:
@@ -347,6 +366,12 @@ def measure(args) -> dict:
         chunk = 4 * MiB
         doc["chunk_size"] = chunk
 
+        def add_read(key: str, r: dict) -> None:
+            """Record a reader's rate, peak RSS and the disk reads while it ran."""
+            disk = r.get("disk_read_bytes")
+            extra = {} if disk is None else {"disk": disk}
+            series.add(key, r["bytes_per_s"], rss=r["maxrss_bytes"], **extra)
+
         def write(path: str, size: int) -> dict:
             return run_reader(
                 "--meta", meta, "--path", path, "--mode", "write", "--size", str(size),
@@ -354,20 +379,12 @@ def measure(args) -> dict:
             )  # fmt: skip
 
         def ember_read(key: str, mode: str, *extra: str, path: str | None = None) -> None:
-            """One EmberFS reader process (the smaller file by default), recorded as ``key``.
-
-            The machine's disk reads while it ran are kept beside it: the
-            chunk files were read into the page cache first, so any are bytes
-            the cache had evicted.
-            """
-            before = disk_read_bytes()
+            """One EmberFS reader process (the smaller file by default), recorded as ``key``."""
             r = run_reader(
                 "--meta", meta, "--path", path or emb_small, "--mode", mode,
                 "--unit", str(chunk), *extra,
             )  # fmt: skip
-            after = disk_read_bytes()
-            disk = {} if before is None or after is None else {"disk": after - before}
-            series.add(key, r["bytes_per_s"], rss=r["maxrss_bytes"], **disk)
+            add_read(key, r)
 
         # The first write of a fresh cluster also pays for starting up: new
         # connections and their buffers, the servers' first calls, memory no
@@ -434,6 +451,16 @@ def measure(args) -> dict:
         log("reading every replica's chunk files into the page cache")
         doc["replica_bytes_warmed"] = warm_tree(workdir / "emberfs")
         for rnd in range(rounds):
+            if rnd:
+                # Again before every round: a round's whole-file results
+                # (1 GiB or more each, 2 GiB in s3fs) may have pushed files out
+                # of the cache on a machine whose memory they nearly fill, and
+                # every reader, EmberFS's, SeaweedFS's and the raw one, is
+                # meant to read from the page cache.
+                warm_tree(workdir / "emberfs")
+                raw_tcp.warm(raw_file)
+                if weed is not None:
+                    warm_files(weed.data_dir)
             if rnd < args.warmup:
                 log(f"warm-up round {rnd + 1}/{args.warmup} (not recorded)")
                 series.recording = False
@@ -479,7 +506,7 @@ def measure(args) -> dict:
                             "--unit",
                             str(chunk),
                         )
-                        series.add(f"{backend}_{mode}", r["bytes_per_s"], rss=r["maxrss_bytes"])
+                        add_read(f"{backend}_{mode}", r)
         series.samples[f"readinto_{size_name(small)}"] = list(series.samples["emberfs_readinto"])
 
         log("metadata rates")
