@@ -226,10 +226,10 @@ def disk_read_bytes() -> int | None:
     return None
 
 
-def warm_files(root: Path) -> int:
-    """Read every regular file under ``root`` once; the bytes read."""
+def warm_files(paths) -> int:
+    """Read each regular file of ``paths`` once, into the page cache; the bytes read."""
     total = 0
-    for path in sorted(root.rglob("*")):
+    for path in paths:
         if path.is_file() and not path.is_symlink():
             raw_tcp.warm(path)
             total += path.stat().st_size
@@ -241,13 +241,11 @@ def warm_tree(root: Path) -> int:
 
     Spare files (removed chunks kept to be written over) are left out.
     """
-    total = 0
-    for server in sorted(root.glob("storage-*")):
-        for path in sorted(server.glob("target-*/chunks/*/*")):
-            if path.is_file() and not path.is_symlink():
-                raw_tcp.warm(path)
-                total += path.stat().st_size
-    return total
+    return warm_files(
+        path
+        for server in sorted(root.glob("storage-*"))
+        for path in sorted(server.glob("target-*/chunks/*/*"))
+    )
 
 
 def remove_and_collect(meta: str, admin_url: str, paths: list[str], timeout: float = 120.0) -> None:
@@ -444,23 +442,20 @@ def measure(args) -> dict:
             os.sync()
 
         rounds = args.warmup + args.repeat
-        # Chunk files are written with direct I/O and cached by their first read,
-        # and reads are spread over the replicas: read every replica's files
-        # once, so that all of them are read from the page cache, as the raw
-        # ceiling's file is.
-        log("reading every replica's chunk files into the page cache")
-        doc["replica_bytes_warmed"] = warm_tree(workdir / "emberfs")
         for rnd in range(rounds):
-            if rnd:
-                # Again before every round: a round's whole-file results
-                # (1 GiB or more each, 2 GiB in s3fs) may have pushed files out
-                # of the cache on a machine whose memory they nearly fill, and
-                # every reader, EmberFS's, SeaweedFS's and the raw one, is
-                # meant to read from the page cache.
-                warm_tree(workdir / "emberfs")
-                raw_tcp.warm(raw_file)
-                if weed is not None:
-                    warm_files(weed.data_dir)
+            # Every reader reads from the page cache, as the raw ceiling's does.
+            # Chunk files are written with direct I/O and cached only by a first
+            # read, and reads are spread over the replicas, so every replica's
+            # files are read first; again before every round, because a round's
+            # whole-file results (1 GiB or more each, 2 GiB in s3fs) may push
+            # files out of the cache on a machine whose memory they nearly fill.
+            # The raw file and SeaweedFS's data likewise.
+            log("reading every replica's chunk files and the peers' files into the page cache")
+            warmed = warm_tree(workdir / "emberfs")
+            doc.setdefault("replica_bytes_warmed", warmed)
+            raw_tcp.warm(raw_file)
+            if weed is not None:
+                warm_files(sorted(weed.data_dir.rglob("*")))
             if rnd < args.warmup:
                 log(f"warm-up round {rnd + 1}/{args.warmup} (not recorded)")
                 series.recording = False

@@ -332,6 +332,7 @@ def test_compare_smoke(tmp_path):
     if have_seaweed:
         assert doc["seaweed"]["used"] is True
         assert thr["s3_read"] > 0 and thr["http_read"] > 0
+        assert [b >= 0 for b in doc["disk_read_bytes"]["s3_read"]] == [True]
         assert all(addr in ("127.0.0.1", "::1") for addr, _ in doc["seaweed_listeners"])
         assert doc["ratios"]["read_vs_s3fs"] > 0
     else:
