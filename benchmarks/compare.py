@@ -115,7 +115,11 @@ def run_reader(*args: str, timeout: float = 900.0) -> dict:
 
 
 def run_parallel(n: int, *args: str, timeout: float = 900.0) -> dict:
-    """``n`` reader processes starting together; aggregate throughput and peak RSS."""
+    """``n`` reader processes starting together; aggregate throughput and peak RSS.
+
+    ``disk_read_bytes`` as in :func:`run_reader`, over all of them.
+    """
+    before = disk_read_bytes()
     start_at = time.time() + 3.0
     procs = [
         subprocess.Popen(
@@ -141,7 +145,9 @@ def run_parallel(n: int, *args: str, timeout: float = 900.0) -> dict:
                 p.wait()
     total = sum(r["bytes"] for r in reports)
     span = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
+    after = disk_read_bytes()
     return {
+        "disk_read_bytes": None if before is None or after is None else after - before,
         "processes": n,
         "bytes": total,
         "seconds": span,
@@ -482,7 +488,7 @@ def measure(args) -> dict:
             r = run_parallel(
                 4, "--meta", meta, "--path", emb_small, "--mode", "readinto", "--unit", str(chunk)
             )
-            series.add("emberfs_parallel4", r["bytes_per_s"], rss=r["maxrss_bytes"])
+            add_read("emberfs_parallel4", r)
             if weed is not None:
                 for backend, endpoint, path in (
                     ("s3", weed.s3_endpoint, f"{weed.bucket}/file"),

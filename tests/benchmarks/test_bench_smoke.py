@@ -306,6 +306,7 @@ def test_compare_smoke(tmp_path):
     assert doc["peak_rss_bytes"]["emberfs_readinto"] > 0
     # the machine's disk reads while each reader ran (page-cache misses), per round
     assert [b >= 0 for b in doc["disk_read_bytes"]["emberfs_readinto"]] == [True]
+    assert [b >= 0 for b in doc["disk_read_bytes"]["emberfs_parallel4"]] == [True]
     # every replica of both files was read into the page cache before the rounds
     assert doc["replica_bytes_warmed"] >= 3 * sum(doc["sizes"])
     # ... and the first write's file was removed, with its chunks, before that
