@@ -233,12 +233,19 @@ def disk_read_bytes() -> int | None:
 
 
 def warm_files(paths) -> int:
-    """Read each regular file of ``paths`` once, into the page cache; the bytes read."""
+    """Read each regular file of ``paths`` once, into the page cache; the bytes read.
+
+    A file that a running server removes meanwhile (a compacted store file) is
+    skipped.
+    """
     total = 0
     for path in paths:
         if path.is_file() and not path.is_symlink():
-            raw_tcp.warm(path)
-            total += path.stat().st_size
+            try:
+                raw_tcp.warm(path)
+                total += path.stat().st_size
+            except FileNotFoundError:
+                continue
     return total
 
 

@@ -68,6 +68,29 @@ def test_phase_summary_percentiles():
     assert abs(s["latency_ms"]["avg"] - 26.5) < 1e-6
 
 
+def test_compare_warm_files_skips_a_file_removed_meanwhile(tmp_path, monkeypatch):
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import compare, raw_tcp
+
+    (tmp_path / "kept").write_bytes(b"k" * 10)
+    (tmp_path / "compacted").write_bytes(b"c" * 7)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "nested").write_bytes(b"n" * 3)
+    read = []
+    warm = raw_tcp.warm
+
+    def racing_warm(path):
+        if path.name == "compacted":  # listed, then removed by its server before the read
+            path.unlink()
+        warm(path)
+        read.append(path.name)
+
+    monkeypatch.setattr(raw_tcp, "warm", racing_warm)
+    assert compare.warm_files(sorted(tmp_path.rglob("*"))) == 13
+    assert sorted(read) == ["kept", "nested"]
+
+
 def test_compare_ratios_pair_rounds_and_report_their_range():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
