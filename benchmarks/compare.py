@@ -109,8 +109,7 @@ def run_reader(*args: str, timeout: float = 900.0) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"reader {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    after = disk_read_bytes()
-    report["disk_read_bytes"] = None if before is None or after is None else after - before
+    report["disk_read_bytes"] = disk_read_since(before)
     return report
 
 
@@ -145,9 +144,8 @@ def run_parallel(n: int, *args: str, timeout: float = 900.0) -> dict:
                 p.wait()
     total = sum(r["bytes"] for r in reports)
     span = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
-    after = disk_read_bytes()
     return {
-        "disk_read_bytes": None if before is None or after is None else after - before,
+        "disk_read_bytes": disk_read_since(before),
         "processes": n,
         "bytes": total,
         "seconds": span,
@@ -230,6 +228,12 @@ def disk_read_bytes() -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def disk_read_since(before: int | None) -> int | None:
+    """Bytes read from block devices since :func:`disk_read_bytes` gave ``before``, or None."""
+    after = disk_read_bytes()
+    return None if before is None or after is None else after - before
 
 
 def warm_files(paths) -> int:
