@@ -16,7 +16,15 @@ it compares figures taken seconds apart on the same, possibly busy, machine):
   ``readinto`` reader uses), requests of the chunk size; beside it the same
   into a page-aligned buffer and into a fresh whole-file buffer;
 * the local page-cache write rate (one process writing a new file), the
-  ceiling of every replica's write;
+  ceiling of every replica's write; the disk's rate for direct writes from 3
+  writers; the latency of appending a record and ``fdatasync``-ing it;
+* what the machine allows the targets it bounds, printed under them: a
+  whole-file result needs the transfer's work and the first touch of every
+  page of a new buffer (:func:`raw_tcp.fresh_fill`), so with every CPU doing
+  only the raw transfer's work (its client and server CPU time per byte) and
+  that first touch, it cannot beat ``whole_result_bound``; an R = 3 write to one
+  disk cannot beat a third of the disk's direct write rate; a create that syncs
+  the WAL cannot beat a Ping plus one append-and-``fdatasync``;
 * EmberFS on a :class:`~emberfs.cli.localcluster.LocalCluster` (3 storage
   servers, R = 3), each figure from a fresh :mod:`reader` process that reports
   its peak RSS: sequential write (the first write of the fresh cluster is
@@ -78,6 +86,21 @@ TARGETS = [
     ("stat_vs_ping", "stat / no-op gRPC (1 thread)", 0.7),
     ("create_vs_ping", "create / no-op gRPC (1 thread)", 0.7),
 ]
+
+# What the machine itself allows a target's ratio, from figures of the same run
+# (target key -> (ratio key, what bounds it)); each assumes no software cost at all.
+BOUNDS = {
+    "read_vs_raw": (
+        "whole_result_bound_vs_raw",
+        "every CPU busy with the raw transfer's work plus the first touch of a new result",
+    ),
+    "cat_vs_raw": (
+        "whole_result_bound_vs_raw",
+        "every CPU busy with the raw transfer's work plus the first touch of a new result",
+    ),
+    "write_vs_raw": ("device_over_3_vs_raw", "a third of the disk's direct write rate"),
+    "create_vs_ping": ("synced_ping_vs_ping", "a Ping plus one fdatasync of an appended record"),
+}
 
 
 def human(n: float) -> str:
@@ -211,6 +234,28 @@ def device_write_rate(where: Path, size: int, unit: int, writers: int = 3) -> fl
     if failed:
         return None
     return writers * (size - size % unit) / elapsed
+
+
+def append_sync_seconds(where: Path, records: int = 200, size: int = 256) -> float:
+    """Median seconds of appending ``size`` bytes to a new file and ``fdatasync``-ing it.
+
+    What the metaserver's commit adds to the disk's work: RocksDB appends the
+    batch to its WAL and syncs it before the commit returns.
+    """
+    path = where / "append-sync.bin"
+    record = os.urandom(size)
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    try:
+        for _ in range(records):
+            started = time.perf_counter()
+            os.write(fd, record)
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return statistics.median(times)
 
 
 def disk_read_bytes() -> int | None:
@@ -479,8 +524,17 @@ def measure(args) -> dict:
             else:
                 log(f"round {rnd - args.warmup + 1}/{args.repeat}")
                 series.recording = True
-            series.add("raw", raw_tcp.measure(raw_file, chunk))
+            transfer: dict = {}
+            series.add("raw", raw_tcp.measure(raw_file, chunk, usage=transfer))
             series.add("raw_fresh", raw_tcp.measure(raw_file, chunk, fresh=True))
+            # The most a whole-file result can reach here: every CPU doing only
+            # the raw transfer's work and the first touch of the result's pages.
+            touch: dict = {}
+            series.add("fresh_fill", raw_tcp.fresh_fill(small, usage=touch))
+            cpu_per_byte = (transfer["client_cpu_s"] + transfer["server_cpu_s"]) / transfer[
+                "bytes"
+            ] + max(0.0, touch["cpu_s"] - touch["refill_cpu_s"]) / small
+            series.add("whole_result_bound", (os.cpu_count() or 1) / cpu_per_byte)
             series.add("raw_aligned", raw_tcp.measure(raw_file, chunk, aligned=True))
             for mode in ("read", "stream", "readinto"):
                 ember_read(f"emberfs_{mode}", mode)
@@ -521,6 +575,8 @@ def measure(args) -> dict:
                         add_read(f"{backend}_{mode}", r)
         series.samples[f"readinto_{size_name(small)}"] = list(series.samples["emberfs_readinto"])
 
+        log("append and fdatasync latency of the disk")
+        doc["append_sync_s"] = append_sync_seconds(workdir)
         log("metadata rates")
         for threads in (1, 8):
             rates = meta_rate.measure(meta, count=args.meta_count, threads=threads)
@@ -550,6 +606,7 @@ def measure(args) -> dict:
         "cat_vs_raw": ("emberfs_cat", "raw"),
         "read_vs_raw_fresh": ("emberfs_read", "raw_fresh"),
         "cat_vs_raw_fresh": ("emberfs_cat", "raw_fresh"),
+        "whole_result_bound_vs_raw": ("whole_result_bound", "raw"),
         "read_kept_vs_raw": ("emberfs_read_kept", "raw"),
         "cat_kept_vs_raw": ("emberfs_cat_kept", "raw"),
         "large_vs_small": (f"readinto_{size_name(large)}", f"readinto_{size_name(small)}"),
@@ -571,6 +628,9 @@ def measure(args) -> dict:
     ratios["write_vs_local_write_over_3"] = write / (med["local_write"] / 3)
     if "device_write" in med:  # the disk's share of what R = 3 asks of it
         ratios["write_vs_device_over_3"] = write / (med["device_write"] / 3)
+        ratios["device_over_3_vs_raw"] = med["device_write"] / 3 / med["raw"]
+    # a create that waits for one WAL sync takes at least a Ping and that sync
+    ratios["synced_ping_vs_ping"] = 1 / (1 + doc["append_sync_s"] * m1["ping_per_s"])
     for name, m in (("", m1), ("_8", m8)):
         for op in ("stat", "create", "rename"):
             ratios[f"{op}_vs_ping{name}"] = m[f"{op}_per_s"] / m["ping_per_s"]
@@ -591,6 +651,9 @@ def measure(args) -> dict:
                 "rounds": None if rounds is None else len(rounds),
             }
         )
+        if key in BOUNDS and ratios.get(BOUNDS[key][0]) is not None:
+            doc["targets"][-1]["bound"] = ratios[BOUNDS[key][0]]
+            doc["targets"][-1]["bound_what"] = BOUNDS[key][1]
     doc["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return doc
 
@@ -607,6 +670,8 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         "raw": "raw TCP ceiling (1 conn, sendfile -> recv_into)",
         "raw_fresh": "raw TCP into a fresh whole-file buffer",
         "raw_aligned": "raw TCP into a page-aligned 4 MiB buffer",
+        "fresh_fill": "filling a new whole-file buffer, every CPU",
+        "whole_result_bound": "bound of a whole-file result (CPU time)",
         "local_write": "page-cache write, new file, 1 process",
         "device_write": "disk O_DIRECT write, 3 writers (aggregate)",
         "emberfs_read": "EmberFS open().read() whole file",
@@ -624,7 +689,8 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
     print(
         "\nthroughput (median of rounds; read ratios are medians of per-round ratios)", file=stream
     )
-    for key in sorted(med, key=lambda k: (not k.startswith(("raw", "local")), k)):
+    ceilings = ("raw", "local", "device", "fresh_fill", "whole_result")
+    for key in sorted(med, key=lambda k: (not k.startswith(ceilings), k)):
         label = names.get(key, key.replace("_", " "))
         extra = f"  peak RSS {rss[key] / MiB:.0f} MiB" if key in rss else ""
         if max(disk.get(key, [0])) >= MiB:
@@ -661,6 +727,8 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
             f"  {t['what']:<44} {value:>8}  target >= {t['target']}x  {status}{spread(t['key'])}",
             file=stream,
         )
+        if t.get("bound") is not None:
+            print(f"  {'':<44} at most {t['bound']:.2f}x here: {t['bound_what']}", file=stream)
     others = {k: v for k, v in doc["ratios"].items() if k not in {t["key"] for t in doc["targets"]}}
     for k, v in others.items():
         print(f"  {k:<44} {v:>7.2f}x{spread(k)}", file=stream)
@@ -682,6 +750,7 @@ def chart(doc: dict, path: Path) -> bool:
         ("raw", "raw TCP ceiling"),
         ("raw_fresh", "raw TCP, fresh whole-file buffer"),
         ("raw_aligned", "raw TCP, page-aligned buffer"),
+        ("whole_result_bound", "bound of a whole-file result (raw CPU)"),
         ("emberfs_read", "EmberFS read()"),
         ("emberfs_readinto", "EmberFS readinto"),
         ("emberfs_readinto_aligned", "EmberFS readinto, aligned buffer"),

@@ -15,7 +15,9 @@ into its 64-byte line than the source (``docs/performance.md``).
 With ``fresh`` the client instead receives each pass into a new whole-file
 buffer that nothing touched before (an anonymous mapping, as a large ``bytes``
 result is): the ceiling of a whole-file read, which also pays the first touch
-of every page of its result.
+of every page of its result. :func:`fresh_fill` measures that first touch alone,
+from every CPU at once and with no network: the most any reader can put into a
+new whole-file result on the machine.
 
 Run alone: ``python benchmarks/raw_tcp.py --size 1GiB --request 4MiB``.
 """
@@ -23,6 +25,7 @@ Run alone: ``python benchmarks/raw_tcp.py --size 1GiB --request 4MiB``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import mmap
 import os
@@ -31,6 +34,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,6 +74,63 @@ def warm(path: Path) -> None:
             pass
 
 
+def fill(buf: mmap.mmap, value: int, threads: int = 1, piece: int = 4 << 20) -> float:
+    """Write ``value`` over every byte of ``buf``, ``piece`` bytes a call, from ``threads`` threads.
+
+    Each thread fills its own contiguous share. ``ctypes.memset`` releases the
+    GIL, so the threads fault in their pages at the same time. Returns the
+    CPU seconds the threads used together.
+    """
+    size = len(buf)
+    anchor = ctypes.c_char.from_buffer(buf)  # holds an export of buf until deleted
+    cpu: list[float] = []
+    try:
+        base = ctypes.addressof(anchor)
+        share = -(-size // max(1, threads))
+
+        def run(start: int, end: int) -> None:
+            began = time.thread_time()
+            for offset in range(start, end, piece):
+                ctypes.memset(base + offset, value, min(piece, end - offset))
+            cpu.append(time.thread_time() - began)
+
+        workers = [
+            threading.Thread(target=run, args=(start, min(size, start + share)))
+            for start in range(0, size, share)
+        ]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    finally:
+        del anchor
+    return sum(cpu)
+
+
+def fresh_fill(size: int, threads: int | None = None, usage: dict | None = None) -> float:
+    """Bytes per second of filling a new, untouched anonymous mapping of ``size`` bytes.
+
+    ``threads`` (default: one per CPU) fill it at once. Every page is faulted
+    in and zeroed by the kernel on its first write, as the pages of a new large
+    ``bytes`` result are. ``usage``, when given, gets ``cpu_s``, the CPU
+    seconds of the filling, and ``refill_cpu_s``, those of filling the same
+    buffer again once its pages are in place: the difference is what the first
+    touch of ``size`` bytes costs.
+    """
+    threads = threads or os.cpu_count() or 1
+    buf = mmap.mmap(-1, size)
+    try:
+        started = time.perf_counter()
+        cpu = fill(buf, 1, threads)
+        elapsed = time.perf_counter() - started
+        if usage is not None:
+            usage["cpu_s"] = cpu
+            usage["refill_cpu_s"] = fill(buf, 2, threads)
+    finally:
+        buf.close()
+    return size / elapsed
+
+
 def serve(path: str) -> None:
     """Serve one connection on an ephemeral port of 127.0.0.1 (printed on stdout)."""
     listener = socket.socket()
@@ -81,6 +142,7 @@ def serve(path: str) -> None:
     conn, _ = listener.accept()
     listener.close()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    began_cpu = time.process_time()
     head = bytearray(_REQ.size)
     view = memoryview(head)
     try:
@@ -101,16 +163,24 @@ def serve(path: str) -> None:
     finally:
         conn.close()
         os.close(fd)
+        print(time.process_time() - began_cpu, flush=True)  # the CPU seconds it served with
 
 
 def measure(
-    path: Path, request_size: int, passes: int = 1, fresh: bool = False, aligned: bool = False
+    path: Path,
+    request_size: int,
+    passes: int = 1,
+    fresh: bool = False,
+    aligned: bool = False,
+    usage: dict | None = None,
 ) -> float:
     """Bytes per second of reading the whole file ``passes`` times over one connection.
 
     ``fresh``: every pass receives into a new untouched buffer of the file's size
     instead of reusing one ``request_size`` buffer. ``aligned``: the reused
-    buffer is page aligned instead of a ``bytearray``.
+    buffer is page aligned instead of a ``bytearray``. ``usage``, when given,
+    gets ``bytes`` and the CPU seconds of the transfer: ``client_cpu_s`` (the
+    receiving thread) and ``server_cpu_s`` (the whole server process).
     """
     size = path.stat().st_size
     server = subprocess.Popen(
@@ -125,6 +195,7 @@ def measure(
         buf = mmap.mmap(-1, request_size) if aligned else bytearray(request_size)
         view = memoryview(buf)
         started = time.perf_counter()
+        began_cpu = time.thread_time()
         total = 0
         for _ in range(passes):
             whole = mmap.mmap(-1, size) if fresh else None
@@ -147,7 +218,12 @@ def measure(
                 whole_view.release()
                 whole.close()
         elapsed = time.perf_counter() - started
+        client_cpu = time.thread_time() - began_cpu
         sock.close()
+        if usage is not None:
+            usage["bytes"] = total
+            usage["client_cpu_s"] = client_cpu
+            usage["server_cpu_s"] = float(server.stdout.readline())
     finally:
         try:
             server.wait(10)

@@ -91,6 +91,47 @@ def test_compare_warm_files_skips_a_file_removed_meanwhile(tmp_path, monkeypatch
     assert sorted(read) == ["kept", "nested"]
 
 
+def _benchmarks():
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import compare, raw_tcp
+
+    return compare, raw_tcp
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_raw_fill_writes_every_byte_from_its_threads(threads):
+    import mmap
+
+    _, raw_tcp = _benchmarks()
+    size = 3 * (1 << 20) + 5  # shares and pieces that do not divide it evenly
+    buf = mmap.mmap(-1, size)
+    try:
+        cpu = raw_tcp.fill(buf, 7, threads=threads, piece=1 << 20)
+        assert buf[:] == b"\x07" * size
+        assert cpu >= 0
+    finally:
+        buf.close()  # no export of the buffer is left behind
+
+
+def test_raw_transfer_and_first_touch_report_their_cpu(tmp_path):
+    _, raw_tcp = _benchmarks()
+    path = raw_tcp.make_file(tmp_path / "raw.bin", 8 << 20)
+    usage: dict = {}
+    assert raw_tcp.measure(path, 1 << 20, passes=2, usage=usage) > 0
+    assert usage["bytes"] == 16 << 20
+    assert usage["client_cpu_s"] > 0 and usage["server_cpu_s"] > 0
+    touch: dict = {}
+    assert raw_tcp.fresh_fill(16 << 20, threads=2, usage=touch) > 0
+    assert touch["cpu_s"] > 0 and touch["refill_cpu_s"] > 0
+
+
+def test_compare_append_sync_seconds_leaves_nothing(tmp_path):
+    compare, _ = _benchmarks()
+    assert 0 < compare.append_sync_seconds(tmp_path, records=20) < 5
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_compare_ratios_pair_rounds_and_report_their_range():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
@@ -133,6 +174,8 @@ def test_compare_ratios_pair_rounds_and_report_their_range():
                 "met": False,
                 "rounds_met": None,
                 "rounds": None,
+                "bound": 0.2049,
+                "bound_what": "a third of the disk's direct write rate",
             },
         ],
     }
@@ -149,6 +192,10 @@ def test_compare_ratios_pair_rounds_and_report_their_range():
     # a ratio just short of its target is not printed as if it reached it
     short = next(line for line in lines if line.strip().startswith("write R=3"))
     assert "0.2996x" in short and "NOT MET" in short
+    # ... and what the machine allows it is printed under it; a target without a bound has none
+    bound = lines[lines.index(short) + 1]
+    assert bound.split() == "at most 0.20x here: a third of the disk's direct write rate".split()
+    assert not lines[lines.index(target) + 1].strip().startswith("at most")
     large = next(line for line in lines if line.strip().startswith("readinto 4GiB"))
     assert large.endswith("from disk 0/300 MiB")
     small = next(line for line in lines if line.strip().startswith("EmberFS readinto(4 MiB"))
@@ -309,6 +356,8 @@ def test_compare_smoke(tmp_path):
         "raw",
         "raw_fresh",
         "raw_aligned",
+        "fresh_fill",
+        "whole_result_bound",
         "local_write",
         "device_write",
         "emberfs_read",
@@ -347,6 +396,14 @@ def test_compare_smoke(tmp_path):
     assert doc["ratios"]["read_kept_vs_raw"] > 0 and doc["ratios"]["cat_kept_vs_raw"] > 0
     assert doc["ratios"]["write_vs_device_over_3"] > 0
     assert doc["ratios"]["write_after_removal_vs_raw"] > 0
+    # what the machine allows the targets it bounds, from figures of the same run
+    assert doc["append_sync_s"] > 0
+    bounds = {t["key"]: t["bound"] for t in doc["targets"] if "bound" in t}
+    assert set(bounds) == {"read_vs_raw", "cat_vs_raw", "write_vs_raw", "create_vs_ping"}
+    assert all(0 < b for b in bounds.values())
+    assert bounds["create_vs_ping"] < 1
+    assert doc["ratio_rounds"]["whole_result_bound_vs_raw"] == [bounds["read_vs_raw"]]
+    assert "at most" in r.stdout
     assert "ratios and targets" in r.stdout
     # one round: each paired ratio is that round's ratio
     assert doc["ratio_rounds"]["readinto_vs_raw"] == [doc["ratios"]["readinto_vs_raw"]]
