@@ -174,8 +174,8 @@ def test_compare_ratios_pair_rounds_and_report_their_range():
                 "met": False,
                 "rounds_met": None,
                 "rounds": None,
-                "bound": 0.2049,
-                "bound_what": "a third of the disk's direct write rate",
+                "bound": 0.4551,
+                "bound_what": "every CPU busy with the work of three raw transfers",
             },
         ],
     }
@@ -194,7 +194,8 @@ def test_compare_ratios_pair_rounds_and_report_their_range():
     assert "0.2996x" in short and "NOT MET" in short
     # ... and what the machine allows it is printed under it; a target without a bound has none
     bound = lines[lines.index(short) + 1]
-    assert bound.split() == "at most 0.20x here: a third of the disk's direct write rate".split()
+    expected = "at most 0.46x here: every CPU busy with the work of three raw transfers"
+    assert bound.split() == expected.split()
     assert not lines[lines.index(target) + 1].strip().startswith("at most")
     large = next(line for line in lines if line.strip().startswith("readinto 4GiB"))
     assert large.endswith("from disk 0/300 MiB")
@@ -358,6 +359,7 @@ def test_compare_smoke(tmp_path):
         "raw_aligned",
         "fresh_fill",
         "whole_result_bound",
+        "write_cpu_bound",
         "local_write",
         "device_write",
         "emberfs_read",
@@ -403,6 +405,7 @@ def test_compare_smoke(tmp_path):
     assert all(0 < b for b in bounds.values())
     assert bounds["create_vs_ping"] < 1
     assert doc["ratio_rounds"]["whole_result_bound_vs_raw"] == [bounds["read_vs_raw"]]
+    assert doc["ratio_rounds"]["write_cpu_bound_vs_raw"] == [bounds["write_vs_raw"]]
     assert "at most" in r.stdout
     assert "ratios and targets" in r.stdout
     # one round: each paired ratio is that round's ratio
