@@ -539,6 +539,10 @@ def measure(args) -> dict:
             transfer_cpu = (transfer["client_cpu_s"] + transfer["server_cpu_s"]) / transfer["bytes"]
             touch_cpu = max(0.0, touch["cpu_s"] - touch["refill_cpu_s"]) / small
             series.add("whole_result_bound", cpus / (transfer_cpu + touch_cpu))
+            if series.recording:
+                inputs = doc.setdefault("bound_cpu_s_per_gib", {"transfer": [], "first_touch": []})
+                inputs["transfer"].append(transfer_cpu * (1 << 30))
+                inputs["first_touch"].append(touch_cpu * (1 << 30))
             # An R = 3 write moves every byte over three connections, each at
             # least the raw transfer's work (whose sender does not even copy).
             series.add("write_cpu_bound", cpus / (3 * transfer_cpu))

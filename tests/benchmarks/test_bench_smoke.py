@@ -406,6 +406,10 @@ def test_compare_smoke(tmp_path):
     assert bounds["create_vs_ping"] < 1
     assert doc["ratio_rounds"]["whole_result_bound_vs_raw"] == [bounds["read_vs_raw"]]
     assert doc["ratio_rounds"]["write_cpu_bound_vs_raw"] == [bounds["write_vs_raw"]]
+    # the CPU seconds per GiB behind the bounds, one per recorded round
+    inputs = doc["bound_cpu_s_per_gib"]
+    assert len(inputs["transfer"]) == len(inputs["first_touch"]) == doc["repeat"]
+    assert all(v > 0 for v in inputs["transfer"]) and all(v >= 0 for v in inputs["first_touch"])
     assert "at most" in r.stdout
     assert "ratios and targets" in r.stdout
     # one round: each paired ratio is that round's ratio
