@@ -132,6 +132,27 @@ def test_compare_append_sync_seconds_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_compare_chart_shows_the_write_bound_as_a_bound_not_a_write():
+    compare, _ = _benchmarks()
+    doc = {
+        "throughput": {
+            "raw": 2e9,
+            "write_1GiB": 0.4e9,
+            "write_first": 0.3e9,
+            "write_cpu_bound": 1e9,
+            "readinto_1GiB": 2e9,
+        }
+    }
+    bars = dict(compare.chart_bars(doc))
+    assert bars == {
+        "raw TCP ceiling": 2.0,
+        "bound of an R = 3 write (raw CPU)": 1.0,
+        "EmberFS write 1GiB R=3": 0.4,
+        "EmberFS write first R=3": 0.3,
+        "EmberFS readinto 1GiB": 2.0,
+    }
+
+
 def test_compare_ratios_pair_rounds_and_report_their_range():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
