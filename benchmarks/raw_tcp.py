@@ -16,8 +16,9 @@ With ``fresh`` the client instead receives each pass into a new whole-file
 buffer that nothing touched before (an anonymous mapping, as a large ``bytes``
 result is): the ceiling of a whole-file read, which also pays the first touch
 of every page of its result. :func:`fresh_fill` measures that first touch alone,
-from every CPU at once and with no network: the most any reader can put into a
-new whole-file result on the machine.
+from every CPU at once and with no network; its CPU time and the transfer's
+(``measure(usage=...)``) bound any whole-file read on the machine
+(``benchmarks/compare.py``).
 
 Run alone: ``python benchmarks/raw_tcp.py --size 1GiB --request 4MiB``.
 """
@@ -74,14 +75,16 @@ def warm(path: Path) -> None:
             pass
 
 
-def fill(buf: mmap.mmap, value: int, threads: int = 1, piece: int = 4 << 20) -> float:
-    """Write ``value`` over every byte of ``buf``, ``piece`` bytes a call, from ``threads`` threads.
+def fill(buf, value: int, threads: int = 1, piece: int = 4 << 20) -> float:
+    """Write ``value`` over every byte of the writable buffer ``buf`` from ``threads`` threads.
 
-    Each thread fills its own contiguous share. ``ctypes.memset`` releases the
-    GIL, so the threads fault in their pages at the same time. Returns the
-    CPU seconds the threads used together.
+    ``piece`` bytes a call; each thread fills its own contiguous share.
+    ``ctypes.memset`` releases the GIL, so the threads fault in their pages at
+    the same time. Returns the CPU seconds the threads used together.
     """
     size = len(buf)
+    if not size:
+        return 0.0
     anchor = ctypes.c_char.from_buffer(buf)  # holds an export of buf until deleted
     cpu: list[float] = []
     try:

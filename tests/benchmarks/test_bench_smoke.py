@@ -112,6 +112,7 @@ def test_raw_fill_writes_every_byte_from_its_threads(threads):
         assert cpu >= 0
     finally:
         buf.close()  # no export of the buffer is left behind
+    assert raw_tcp.fill(bytearray(0), 7, threads=threads) == 0.0
 
 
 def test_raw_transfer_and_first_touch_report_their_cpu(tmp_path):
