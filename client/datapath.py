@@ -27,6 +27,7 @@ from emberfs.client.routing import Chain, RoutingCache, RoutingInfo, Target
 from emberfs.common import framing
 from emberfs.common.addresses import split_address
 from emberfs.common.framing import Op, Status
+from emberfs.common.stalls import StallWatch
 from emberfs.proto import data_pb2
 
 _READ_RESPONSE = Op.READ | framing.RESPONSE
@@ -248,7 +249,8 @@ class PendingRead:
                         if not client._is_open(lane):  # the connection broke
                             return False
                         head = lane.queue[0]
-                    answer = self._receive(lane.sock, out if head is self else None)
+                    with client.stalls.watching(lane.address, lane.sock):
+                        answer = self._receive(lane.sock, out if head is self else None)
                     with client._lock:
                         lane.queue.popleft()
                         if head is self:
@@ -333,6 +335,11 @@ class DataClient:
         heartbeat timeout) before it raises.
     write_timeout : float, default 60.0
         The same for a chunk write.
+    stall_check : float, default 1.0
+        Seconds a transfer waits on a server before the client asks the
+        metaserver whether that server still serves; one it no longer counts
+        is left for another replica (:mod:`emberfs.common.stalls`) instead of
+        being waited on for the whole socket timeout.
     """
 
     def __init__(
@@ -343,6 +350,7 @@ class DataClient:
         *,
         read_timeout: float = 60.0,
         write_timeout: float = 60.0,
+        stall_check: float = 1.0,
     ) -> None:
         self.routing = routing
         self.ids = ids
@@ -354,6 +362,16 @@ class DataClient:
         self._lanes: dict[str, _Lane] = {}  # the connection of each server's sent reads
         self._rr = itertools.count()
         self._lock = threading.Lock()
+        self.stalls = StallWatch(self._serving_addresses, stall_check, on_abandon=pool.mark_bad)
+
+    def _serving_addresses(self) -> set[str]:
+        """The data addresses with a SERVING target, as the metaserver says now."""
+        info = self.routing.refresh(self.routing.get())
+        return {t.data_address for t in info.targets.values() if t.serving}
+
+    def close(self) -> None:
+        """Stop the stall watch (the pool is closed by its owner)."""
+        self.stalls.stop()
 
     # one request ---------------------------------------------------------------
     @contextmanager
@@ -381,11 +399,19 @@ class DataClient:
         for attempt in (0, 1):
             reused = False
             try:
-                with self._connection(address, fresh=attempt == 1) as (sock, reused):
+                with (
+                    self._connection(address, fresh=attempt == 1) as (sock, reused),
+                    self.stalls.watching(address, sock),
+                ):
                     framing.send_frame(sock, op, meta, data)
                     return receive(sock)
             except (ConnectionError, framing.FrameError) as exc:
-                if attempt == 0 and reused and not isinstance(exc, framing.ChecksumError):
+                if (
+                    attempt == 0
+                    and reused
+                    and not isinstance(exc, framing.ChecksumError)
+                    and not self.pool.is_bad(address)  # not a server the stall watch left
+                ):
                     continue
                 raise
         raise AssertionError("unreachable")

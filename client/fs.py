@@ -84,6 +84,7 @@ class _Runtime:
             self.pool,
             read_timeout=fs.read_timeout,
             write_timeout=fs.write_timeout,
+            stall_check=fs.stall_check,
         )
         self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
         # readahead block buffers, reused so a long read does not fault in fresh memory
@@ -98,6 +99,7 @@ class _Runtime:
         self.leases.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.blocks.clear()
+        self.data.close()
         self.pool.close()
         self.meta.close()
 
@@ -129,6 +131,11 @@ class EmberFileSystem(AbstractFileSystem):
     read_timeout, write_timeout : float, default 60.0
         How long a chunk read or write keeps retrying replicas while chains
         are reconfigured.
+    stall_check : float, default 1.0
+        Seconds a data transfer waits on a storage server before the client
+        asks the metaserver whether that server still serves. One that the
+        cluster has declared offline (a hung or unreachable host) is left for
+        another replica at once instead of after ``io_timeout``.
     auto_mkdir : bool, default True
         Create missing parent directories when a file is written.
     list_page : int, default 2000
@@ -161,6 +168,7 @@ class EmberFileSystem(AbstractFileSystem):
     retry_timeout = 30.0
     read_timeout = 60.0
     write_timeout = 60.0
+    stall_check = 1.0
     auto_mkdir = True
     list_page = 2000
     session_renew_interval = 60.0
@@ -178,6 +186,7 @@ class EmberFileSystem(AbstractFileSystem):
         "retry_timeout",
         "read_timeout",
         "write_timeout",
+        "stall_check",
         "auto_mkdir",
         "list_page",
         "session_renew_interval",

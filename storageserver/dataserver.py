@@ -29,7 +29,8 @@ from google.protobuf.message import DecodeError
 from emberfs.common import framing
 from emberfs.common.addresses import split_address
 from emberfs.common.framing import Op, Status
-from emberfs.proto import data_pb2
+from emberfs.common.stalls import StallWatch
+from emberfs.proto import common_pb2, data_pb2
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore, VersionConflict
@@ -47,12 +48,22 @@ class ConnectionPool:
         Socket timeout while a request is in flight.
     max_idle : int, default 8
         Idle connections kept per address.
+    stalls : StallWatch, optional
+        Watches every exchange, so that one waiting on a server the cluster
+        has declared offline ends without waiting out ``io_timeout``.
     """
 
-    def __init__(self, connect_timeout: float = 5.0, io_timeout: float = 30.0, max_idle: int = 8):
+    def __init__(
+        self,
+        connect_timeout: float = 5.0,
+        io_timeout: float = 30.0,
+        max_idle: int = 8,
+        stalls: StallWatch | None = None,
+    ):
         self.connect_timeout = connect_timeout
         self.io_timeout = io_timeout
         self.max_idle = max_idle
+        self.stalls = stalls
         self._idle: dict[str, list[socket.socket]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -78,6 +89,14 @@ class ConnectionPool:
                 return
         sock.close()
 
+    def watch(self, address: str, sock: socket.socket) -> int | None:
+        """Start watching an exchange on ``sock``; the key for :meth:`unwatch`."""
+        return self.stalls.add(address, sock) if self.stalls is not None else None
+
+    def unwatch(self, key: int | None) -> bool:
+        """The exchange is over; whether the stall watch cut it."""
+        return self.stalls.remove(key) if key is not None and self.stalls is not None else False
+
     def discard(self, address: str) -> None:
         """Close every idle connection to ``address`` (its server went away)."""
         with self._lock:
@@ -86,6 +105,8 @@ class ConnectionPool:
             sock.close()
 
     def close(self) -> None:
+        if self.stalls is not None:
+            self.stalls.stop()
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, {}
@@ -123,6 +144,7 @@ class Exchange:
     def __init__(self, pool: ConnectionPool, address: str, op: int, meta: bytes, data, kwargs):
         self._args = (pool, address, op, meta, data, kwargs)
         self._sock: socket.socket | None = None
+        self._key: int | None = None  # of the pool's stall watch, from send to answer
         self._failed = ""
         self._resend = False
         try:
@@ -130,37 +152,49 @@ class Exchange:
         except OSError as exc:
             self._failed = f"cannot connect to {address}: {exc}"
             return
+        key = pool.watch(address, sock)
         try:
             framing.send_frame(sock, op, meta, data, **kwargs)
         except (OSError, framing.FrameError) as exc:
+            cut = pool.unwatch(key)
             sock.close()
-            if reused:
+            if reused and not cut:
                 pool.discard(address)
                 self._resend = True
             else:
                 self._failed = f"{address}: {exc}"
             return
-        self._sock, self._reused = sock, reused
+        self._sock, self._reused, self._key = sock, reused, key
 
     def _send_again(self) -> tuple[int, str, bytes]:
         pool, address, op, meta, data, kwargs = self._args
         try:
             sock, _ = pool.get(address)
-            framing.send_frame(sock, op, meta, data, **kwargs)
         except OSError as exc:
             return Status.NOT_SERVING, f"cannot reach {address}: {exc}", b""
-        return self._receive(sock, reused=False)
+        key = pool.watch(address, sock)
+        try:
+            framing.send_frame(sock, op, meta, data, **kwargs)
+        except OSError as exc:
+            pool.unwatch(key)
+            sock.close()
+            return Status.NOT_SERVING, f"cannot reach {address}: {exc}", b""
+        return self._receive(sock, False, key)
 
-    def _receive(self, sock: socket.socket, reused: bool) -> tuple[int, str, bytes]:
+    def _receive(
+        self, sock: socket.socket, reused: bool, key: int | None
+    ) -> tuple[int, str, bytes]:
         pool, address, op, *_ = self._args
         try:
             frame = framing.recv_frame(sock)
         except (OSError, framing.FrameError) as exc:
+            cut = pool.unwatch(key)
             sock.close()
-            if reused:
+            if reused and not cut:
                 pool.discard(address)
                 return self._send_again()
             return Status.NOT_SERVING, f"{address}: {exc}", b""
+        pool.unwatch(key)
         return _answer(pool, address, sock, op, frame)
 
     def result(self) -> tuple[int, str, bytes]:
@@ -170,11 +204,12 @@ class Exchange:
         if self._resend:
             return self._send_again()
         sock, self._sock = self._sock, None
-        return self._receive(sock, self._reused)
+        return self._receive(sock, self._reused, self._key)
 
     def abandon(self) -> None:
         """Drop the connection without reading the answer."""
         if self._sock is not None:
+            self._args[0].unwatch(self._key)
             self._sock.close()
             self._sock = None
 
@@ -322,6 +357,10 @@ class DataServer:
         Seconds a peer may stall in the middle of a frame.
     forward_timeout : float, default 30
         Seconds to wait for a successor's answer.
+    stall_check : float, default 1.0
+        Seconds a forward waits before the node's routing is checked; one to
+        a successor the cluster has declared offline then ends at once
+        (:mod:`emberfs.common.stalls`) instead of after ``forward_timeout``.
     on_stale : callable, optional
         Called when a chain version mismatch suggests the routing is old.
     """
@@ -337,6 +376,7 @@ class DataServer:
         idle_timeout: float = 30.0,
         frame_timeout: float = 10.0,
         forward_timeout: float = 30.0,
+        stall_check: float = 1.0,
         on_stale: Callable[[], None] | None = None,
     ):
         self._stores = stores
@@ -345,7 +385,10 @@ class DataServer:
         self.idle_timeout = idle_timeout
         self.frame_timeout = frame_timeout
         self._on_stale = on_stale
-        self._pool = ConnectionPool(io_timeout=forward_timeout)
+        self._pool = ConnectionPool(
+            io_timeout=forward_timeout,
+            stalls=StallWatch(self._serving_addresses, stall_check, on_abandon=self._left),
+        )
         self._results = rp.ResultCache()
         self._chunk_locks = _LockTable(threading.Lock)
         self._inode_locks = _LockTable(_RWLock)
@@ -364,6 +407,18 @@ class DataServer:
         self._listener.listen(512)
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._thread: threading.Thread | None = None
+
+    def _serving_addresses(self) -> set[str]:
+        """The data addresses with a SERVING target in the node's routing."""
+        return {
+            t.data_address
+            for t in self._routing().targets.values()
+            if t.state == common_pb2.SERVING
+        }
+
+    def _left(self, address: str) -> None:
+        """A forward to ``address`` was cut: drop its idle connections too."""
+        self._pool.discard(address)
 
     # ------------------------------------------------------------------ lifecycle
 

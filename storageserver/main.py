@@ -47,6 +47,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="seconds between heartbeats (default 0.5)",
     )
     p.add_argument(
+        "--forward-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for a chain successor's answer (default 30); one the "
+        "cluster declares offline is left at once",
+    )
+    p.add_argument(
         "--fsync", action="store_true", help="fsync every chunk change (power-loss durability)"
     )
     p.add_argument(
@@ -75,6 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--targets must be between 1 and {MAX_TARGETS}")
     if not args.heartbeat_interval > 0:
         p.error("--heartbeat-interval must be positive")
+    if not args.forward_timeout > 0:
+        p.error("--forward-timeout must be positive")
     return args
 
 
@@ -93,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         targets=args.targets,
         node_id=args.node_id,
         heartbeat_interval=args.heartbeat_interval,
+        forward_timeout=args.forward_timeout,
         fsync=args.fsync,
         direct_io=not args.buffered_io,
         spare_bytes=args.spare_bytes,

@@ -94,6 +94,9 @@ class Node:
         and stored at first start).
     heartbeat_interval : float, default 0.5
         Seconds between heartbeats.
+    forward_timeout : float, default 30.0
+        Seconds a write or truncation waits for the chain successor's answer
+        (a successor the cluster declares offline is left at once).
     fsync : bool, default False
         Chunk stores fsync every change (power-loss durability).
     direct_io : bool, default True
@@ -116,6 +119,7 @@ class Node:
         targets: int = 1,
         node_id: str | None = None,
         heartbeat_interval: float = 0.5,
+        forward_timeout: float = 30.0,
         fsync: bool = False,
         direct_io: bool = True,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
@@ -131,6 +135,7 @@ class Node:
         self.n_targets = targets
         self._node_id_arg = node_id
         self.heartbeat_interval = heartbeat_interval
+        self.forward_timeout = forward_timeout
         self.fsync = fsync
         self.direct_io = direct_io
         self.spare_bytes = spare_bytes
@@ -241,6 +246,7 @@ class Node:
             port,
             stores=lambda: self._stores,
             routing=lambda: self._view,
+            forward_timeout=self.forward_timeout,
             on_stale=self._wake.set,
         ).start()
         data_port = self._data.address[1]

@@ -1,9 +1,10 @@
-"""Reads and writes keep working while a storage server dies (kill -9)."""
+"""Reads and writes keep working while a storage server dies (kill -9) or hangs (SIGSTOP)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import threading
 import time
 
@@ -83,4 +84,59 @@ def test_write_survives_kill_9_of_a_storage_server(private_cluster):
         assert fs.info("/w.bin")["size"] == len(data)
         assert fs.cat_file("/w.bin") == data
     finally:
+        fs.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_reads_and_writes_go_on_while_a_storage_server_hangs(private_cluster):
+    # SIGSTOP freezes the server with its connections open: requests are taken
+    # in by its kernel and never answered, as when a host hangs or drops off
+    # the network. Only the metaserver, whose heartbeats stop, can tell. The
+    # client's socket timeout and the servers' forward timeout are set far
+    # beyond the test's wait, so the reads and the write (whose chains forward
+    # through the frozen server) can finish only by leaving it once the
+    # cluster has declared it offline, while it is still frozen.
+    cluster = private_cluster(extra_storage_args=["--forward-timeout", "900"])
+    fs = EmberFileSystem(
+        cluster.meta_address,
+        skip_instance_cache=True,
+        io_timeout=900.0,
+        read_timeout=900.0,
+        write_timeout=900.0,
+    )
+    frozen = cluster.storage[1]
+    try:
+        data = _pattern(64 * MiB)
+        fs.pipe_file("/old.bin", data)
+        new = data[::-1]
+        results: dict[str, object] = {}
+
+        def read_old():
+            got = bytearray()
+            with fs.open("/old.bin", "rb") as f:
+                buf = bytearray(4 * MiB)
+                while n := f.readinto(buf):
+                    got += buf[:n]
+            results["read"] = bytes(got)
+            results["cat"] = fs.cat_file("/old.bin")
+
+        def write_new():
+            fs.pipe_file("/new.bin", new)
+            results["written"] = True
+
+        # the client's routing still names the frozen server as serving
+        frozen.signal(signal.SIGSTOP)
+        workers = [threading.Thread(target=t, daemon=True) for t in (read_old, write_new)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        assert not any(w.is_alive() for w in workers), "a read or write waits on the frozen server"
+        assert results["read"] == data
+        assert results["cat"] == data
+        assert results["written"]
+        assert fs.cat_file("/new.bin") == new
+    finally:
+        frozen.signal(signal.SIGCONT)
         fs.close()

@@ -270,6 +270,8 @@ def test_restarted_node_is_resynced_and_serves_again(meta, nodes, tmp_path):
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:99999"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--targets", "0"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--heartbeat-interval", "0"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--forward-timeout", "0"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--forward-timeout", "soon"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "lots"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "-1"],
     ],
@@ -291,6 +293,8 @@ def test_command_line_spare_bytes(tmp_path):
     assert parse_args(base).spare_bytes == DEFAULT_SPARE_BYTES
     assert parse_args(base + ["--spare-bytes", "256MiB"]).spare_bytes == 256 << 20
     assert parse_args(base + ["--spare-bytes", "0"]).spare_bytes == 0
+    assert parse_args(base).forward_timeout == 30.0
+    assert parse_args(base + ["--forward-timeout", "2.5"]).forward_timeout == 2.5
 
 
 def test_storageserver_command_serves_metrics_and_exits_on_sigterm(meta, tmp_path):

@@ -1,0 +1,158 @@
+"""Leaving a server that stopped answering, as soon as the cluster says it is gone.
+
+A storage server that hangs, or whose host drops off the network, neither
+answers nor closes its connections: the kernel of a frozen process still takes
+requests in, and packets to a vanished host are simply lost. A transfer to it
+would wait out its whole socket timeout (tens of seconds), although the
+metaserver declares the server offline after its heartbeat timeout.
+
+:class:`StallWatch` closes that gap. Transfers in progress are registered
+with the connection they wait on. While any is older than ``interval``, a
+daemon thread asks ``serving()`` (every ``interval / 2`` seconds) for the data
+addresses that still have a SERVING target, and shuts down the connection of
+each such transfer whose server is not among them. That wakes the receive or
+send blocked on it with an error, and its caller fails over to another
+replica as after a reset connection. A slow server that the cluster still
+counts as serving is never left on this account; the socket timeout still
+bounds the wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+
+class StallWatch:
+    """Shuts down the connections of transfers that wait on a server the cluster has left.
+
+    Parameters
+    ----------
+    serving : callable
+        Returns the data addresses (``host:port``) that have a SERVING target
+        now. Called from the watch thread only, only while a transfer has
+        waited ``interval``; it may ask the metaserver (the client) or read the
+        routing a server already holds (a storage server).
+    interval : float
+        Seconds a transfer runs before its server is checked, and then
+        between checks.
+    on_abandon : callable, optional
+        ``on_abandon(address)`` just before the transfers to ``address`` are
+        cut (the client marks the address bad, so that the woken caller does
+        not try that server again at once).
+    """
+
+    def __init__(
+        self,
+        serving: Callable[[], set[str]],
+        interval: float,
+        on_abandon: Callable[[str], None] = lambda address: None,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"stall check interval {interval} is not positive")
+        self._serving = serving
+        self.interval = interval
+        self._on_abandon = on_abandon
+        self._lock = threading.Lock()
+        self._active: dict[int, tuple[str, socket.socket, float]] = {}
+        self._keys = itertools.count()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.abandoned = 0  # transfers cut so far
+
+    def add(self, address: str, sock: socket.socket) -> int:
+        """Watch a transfer on ``sock`` to ``address`` from now; the key for :meth:`remove`."""
+        key = next(self._keys)
+        with self._lock:
+            self._active[key] = (address, sock, time.monotonic())
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="emberfs-stalls", daemon=True
+                )
+                self._thread.start()
+        return key
+
+    def remove(self, key: int) -> bool:
+        """The transfer is over: its connection is never touched from here on.
+
+        Returns whether the watch had cut it (its server is not serving: no
+        point in trying that server again at once).
+        """
+        with self._lock:
+            return self._active.pop(key, None) is None
+
+    @contextlib.contextmanager
+    def watching(self, address: str, sock: socket.socket) -> Iterator[None]:
+        """Watch the transfer on ``sock`` for the duration of the block."""
+        key = self.add(address, sock)
+        try:
+            yield
+        finally:
+            self.remove(key)
+
+    def check(self, now: float | None = None) -> int:
+        """Cut the transfers older than ``interval`` whose server is no longer serving.
+
+        Returns how many were cut. ``serving()`` is called only when some
+        transfer is that old; its errors propagate. ``now`` (``time.monotonic()``
+        by default) is the time the transfers' ages are taken at.
+        """
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            waiting = [
+                k for k, (_, _, since) in self._active.items() if now - since >= self.interval
+            ]
+        if not waiting:
+            return 0
+        serving = self._serving()
+        with self._lock:
+            gone = {
+                entry[0]
+                for entry in map(self._active.get, waiting)
+                if entry is not None and entry[0] not in serving
+            }
+        # told before the cut, so that a caller woken by it already sees the server left
+        for address in sorted(gone):
+            self._on_abandon(address)
+        cut: list[str] = []
+        with self._lock:  # a transfer removed meanwhile may have handed its socket on
+            for key in waiting:
+                entry = self._active.get(key)
+                if entry is None or entry[0] not in gone:
+                    continue
+                del self._active[key]  # cut once
+                address, sock, _ = entry
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                cut.append(address)
+            self.abandoned += len(cut)
+        for address in sorted(set(cut)):
+            log.warning(
+                "left %d transfer(s) to %s: the cluster no longer counts it as serving",
+                cut.count(address),
+                address,
+            )
+        return len(cut)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval / 2):
+            try:
+                self.check()
+            except (
+                Exception
+            ) as exc:  # the metaserver may be down too: the socket timeout still holds
+                log.debug("stall check failed: %s", exc)
+
+    def stop(self) -> None:
+        """Stop the watch thread (transfers then wait out their socket timeouts)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)

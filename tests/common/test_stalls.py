@@ -1,0 +1,111 @@
+"""The stall watch: transfers waiting on a server the cluster has left are cut, others never."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from emberfs.common.stalls import StallWatch
+
+
+@pytest.fixture
+def pairs():
+    made: list[socket.socket] = []
+
+    def pair() -> tuple[socket.socket, socket.socket]:
+        a, b = socket.socketpair()
+        made.extend((a, b))
+        return a, b
+
+    yield pair
+    for s in made:
+        s.close()
+
+
+def _watch(serving: set[str], interval: float = 60.0, **kwargs) -> tuple[StallWatch, list[int]]:
+    """A watch whose own thread stays asleep: the test calls ``check`` itself."""
+    calls: list[int] = []
+
+    def ask() -> set[str]:
+        calls.append(1)
+        return serving
+
+    return StallWatch(ask, interval, **kwargs), calls
+
+
+def test_young_transfers_are_not_checked(pairs):
+    watch, calls = _watch(set())
+    mine, _ = pairs()
+    key = watch.add("10.0.0.1:9500", mine)
+    assert watch.check(time.monotonic() + 59) == 0
+    assert calls == []  # no routing question while nothing has waited
+    assert watch.remove(key) is False
+    watch.stop()
+
+
+def test_a_transfer_to_a_server_that_left_is_cut_and_one_to_a_serving_server_is_not(pairs):
+    left: list[str] = []
+    watch, calls = _watch({"10.0.0.2:9500"}, on_abandon=left.append)
+    gone_sock, gone_peer = pairs()
+    alive_sock, alive_peer = pairs()
+    gone = watch.add("10.0.0.1:9500", gone_sock)
+    alive = watch.add("10.0.0.2:9500", alive_sock)
+    later = time.monotonic() + 61
+    assert watch.check(later) == 1
+    assert calls == [1]
+    assert left == ["10.0.0.1:9500"]
+    assert gone_sock.recv(1) == b""  # shut down: a blocked receive wakes with EOF
+    alive_peer.sendall(b"x")
+    assert alive_sock.recv(1) == b"x"  # untouched
+    assert watch.check(later) == 0  # cut once only
+    assert watch.remove(gone) is True
+    assert watch.remove(alive) is False
+    assert watch.abandoned == 1
+    watch.stop()
+
+
+def test_a_finished_transfer_is_never_cut(pairs):
+    watch, _ = _watch(set())
+    mine, peer = pairs()
+    key = watch.add("10.0.0.1:9500", mine)
+    assert watch.remove(key) is False
+    assert watch.check(time.monotonic() + 61) == 0
+    peer.sendall(b"y")
+    assert mine.recv(1) == b"y"  # the connection went back to a pool intact
+    watch.stop()
+
+
+def test_the_watch_thread_wakes_a_blocked_receive(pairs):
+    watch, _ = _watch(set(), interval=0.05)
+    mine, _ = pairs()
+    mine.settimeout(30)
+    got: list[bytes] = []
+    with watch.watching("10.0.0.1:9500", mine):
+        reader = threading.Thread(target=lambda: got.append(mine.recv(1)))
+        reader.start()
+        reader.join(10)
+    assert not reader.is_alive() and got == [b""]
+    watch.stop()
+
+
+def test_a_failing_routing_question_leaves_transfers_alone(pairs):
+    def ask() -> set[str]:
+        raise ConnectionError("metaserver down")
+
+    watch = StallWatch(ask, 0.02)
+    mine, peer = pairs()
+    with watch.watching("10.0.0.1:9500", mine):
+        time.sleep(0.1)  # the thread's checks fail and are logged
+        with pytest.raises(ConnectionError):
+            watch.check(time.monotonic() + 1)
+        peer.sendall(b"z")
+        assert mine.recv(1) == b"z"
+    watch.stop()
+
+
+def test_interval_must_be_positive():
+    with pytest.raises(ValueError):
+        StallWatch(set, 0)
