@@ -27,7 +27,7 @@ from emberfs.client.routing import Chain, RoutingCache, RoutingInfo, Target
 from emberfs.common import framing
 from emberfs.common.addresses import split_address
 from emberfs.common.framing import Op, Status
-from emberfs.common.stalls import StallWatch
+from emberfs.common.stalls import StallWatch, live_addresses
 from emberfs.proto import data_pb2
 
 _READ_RESPONSE = Op.READ | framing.RESPONSE
@@ -337,9 +337,9 @@ class DataClient:
         The same for a chunk write.
     stall_check : float, default 1.0
         Seconds a transfer waits on a server before the client asks the
-        metaserver whether that server still serves; one it no longer counts
-        is left for another replica (:mod:`emberfs.common.stalls`) instead of
-        being waited on for the whole socket timeout.
+        metaserver whether that server is still up; one it has declared
+        offline is left for another replica (:mod:`emberfs.common.stalls`)
+        instead of being waited on for the whole socket timeout.
     """
 
     def __init__(
@@ -362,12 +362,11 @@ class DataClient:
         self._lanes: dict[str, _Lane] = {}  # the connection of each server's sent reads
         self._rr = itertools.count()
         self._lock = threading.Lock()
-        self.stalls = StallWatch(self._serving_addresses, stall_check, on_abandon=pool.mark_bad)
+        self.stalls = StallWatch(self._live_addresses, stall_check, on_abandon=pool.mark_bad)
 
-    def _serving_addresses(self) -> set[str]:
-        """The data addresses with a SERVING target, as the metaserver says now."""
-        info = self.routing.refresh(self.routing.get())
-        return {t.data_address for t in info.targets.values() if t.serving}
+    def _live_addresses(self) -> set[str]:
+        """The data addresses of the servers that are up, as the metaserver says now."""
+        return live_addresses(self.routing.refresh(self.routing.get()).targets.values())
 
     def close(self) -> None:
         """Stop the stall watch (the pool is closed by its owner)."""

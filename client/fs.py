@@ -133,7 +133,7 @@ class EmberFileSystem(AbstractFileSystem):
         are reconfigured.
     stall_check : float, default 1.0
         Seconds a data transfer waits on a storage server before the client
-        asks the metaserver whether that server still serves. One that the
+        asks the metaserver whether that server is still up. One that the
         cluster has declared offline (a hung or unreachable host) is left for
         another replica at once instead of after ``io_timeout``.
     auto_mkdir : bool, default True

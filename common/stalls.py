@@ -8,13 +8,14 @@ metaserver declares the server offline after its heartbeat timeout.
 
 :class:`StallWatch` closes that gap. Transfers in progress are registered
 with the connection they wait on. While any is older than ``interval``, a
-daemon thread asks ``serving()`` (every ``interval / 2`` seconds) for the data
-addresses that still have a SERVING target, and shuts down the connection of
-each such transfer whose server is not among them. That wakes the receive or
+daemon thread asks ``live()`` (every ``interval / 2`` seconds) for the data
+addresses whose server the cluster still counts as up (it has a target that is
+serving, syncing or waiting: :func:`live_addresses`), and shuts down the
+connection of each such transfer whose server is not among them. That wakes the receive or
 send blocked on it with an error, and its caller fails over to another
 replica as after a reset connection. A slow server that the cluster still
-counts as serving is never left on this account; the socket timeout still
-bounds the wait for it.
+counts as up is never left on this account; the socket timeout still bounds
+the wait for it.
 """
 
 from __future__ import annotations
@@ -25,9 +26,21 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+
+from emberfs.proto import common_pb2
 
 log = logging.getLogger(__name__)
+
+# States of a target whose node still heartbeats. A node whose heartbeats stop
+# has its targets made OFFLINE, or LASTSRV where one was its chain's last
+# serving target.
+LIVE_STATES = frozenset({common_pb2.SERVING, common_pb2.SYNCING, common_pb2.WAITING})
+
+
+def live_addresses(targets: Iterable) -> set[str]:
+    """The data addresses of the ``targets`` (with ``data_address`` and ``state``) that are up."""
+    return {t.data_address for t in targets if t.state in LIVE_STATES}
 
 
 class StallWatch:
@@ -35,10 +48,11 @@ class StallWatch:
 
     Parameters
     ----------
-    serving : callable
-        Returns the data addresses (``host:port``) that have a SERVING target
-        now. Called from the watch thread only, only while a transfer has
-        waited ``interval``; it may ask the metaserver (the client) or read the
+    live : callable
+        Returns the data addresses (``host:port``) of the servers the cluster
+        counts as up now (:func:`live_addresses` of the routing's targets).
+        Called from the watch thread only, only while a transfer has waited
+        ``interval``; it may ask the metaserver (the client) or read the
         routing a server already holds (a storage server).
     interval : float
         Seconds a transfer runs before its server is checked, and then
@@ -51,13 +65,13 @@ class StallWatch:
 
     def __init__(
         self,
-        serving: Callable[[], set[str]],
+        live: Callable[[], set[str]],
         interval: float,
         on_abandon: Callable[[str], None] = lambda address: None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"stall check interval {interval} is not positive")
-        self._serving = serving
+        self._live = live
         self.interval = interval
         self._on_abandon = on_abandon
         self._lock = threading.Lock()
@@ -82,7 +96,7 @@ class StallWatch:
     def remove(self, key: int) -> bool:
         """The transfer is over: its connection is never touched from here on.
 
-        Returns whether the watch had cut it (its server is not serving: no
+        Returns whether the watch had cut it (its server is down: no
         point in trying that server again at once).
         """
         with self._lock:
@@ -98,9 +112,9 @@ class StallWatch:
             self.remove(key)
 
     def check(self, now: float | None = None) -> int:
-        """Cut the transfers older than ``interval`` whose server is no longer serving.
+        """Cut the transfers older than ``interval`` whose server the cluster has left.
 
-        Returns how many were cut. ``serving()`` is called only when some
+        Returns how many were cut. ``live()`` is called only when some
         transfer is that old; its errors propagate. ``now`` (``time.monotonic()``
         by default) is the time the transfers' ages are taken at.
         """
@@ -111,12 +125,12 @@ class StallWatch:
             ]
         if not waiting:
             return 0
-        serving = self._serving()
+        live = self._live()
         with self._lock:
             gone = {
                 entry[0]
                 for entry in map(self._active.get, waiting)
-                if entry is not None and entry[0] not in serving
+                if entry is not None and entry[0] not in live
             }
         # told before the cut, so that a caller woken by it already sees the server left
         for address in sorted(gone):
@@ -135,7 +149,7 @@ class StallWatch:
             self.abandoned += len(cut)
         for address in sorted(set(cut)):
             log.warning(
-                "left %d transfer(s) to %s: the cluster no longer counts it as serving",
+                "left %d transfer(s) to %s: the cluster has declared it offline",
                 cut.count(address),
                 address,
             )

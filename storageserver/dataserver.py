@@ -29,8 +29,8 @@ from google.protobuf.message import DecodeError
 from emberfs.common import framing
 from emberfs.common.addresses import split_address
 from emberfs.common.framing import Op, Status
-from emberfs.common.stalls import StallWatch
-from emberfs.proto import common_pb2, data_pb2
+from emberfs.common.stalls import StallWatch, live_addresses
+from emberfs.proto import data_pb2
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore, VersionConflict
@@ -387,7 +387,11 @@ class DataServer:
         self._on_stale = on_stale
         self._pool = ConnectionPool(
             io_timeout=forward_timeout,
-            stalls=StallWatch(self._serving_addresses, stall_check, on_abandon=self._left),
+            stalls=StallWatch(
+                lambda: live_addresses(self._routing().targets.values()),
+                stall_check,
+                on_abandon=self._left,
+            ),
         )
         self._results = rp.ResultCache()
         self._chunk_locks = _LockTable(threading.Lock)
@@ -407,14 +411,6 @@ class DataServer:
         self._listener.listen(512)
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._thread: threading.Thread | None = None
-
-    def _serving_addresses(self) -> set[str]:
-        """The data addresses with a SERVING target in the node's routing."""
-        return {
-            t.data_address
-            for t in self._routing().targets.values()
-            if t.state == common_pb2.SERVING
-        }
 
     def _left(self, address: str) -> None:
         """A forward to ``address`` was cut: drop its idle connections too."""

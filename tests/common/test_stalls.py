@@ -109,3 +109,20 @@ def test_a_failing_routing_question_leaves_transfers_alone(pairs):
 def test_interval_must_be_positive():
     with pytest.raises(ValueError):
         StallWatch(set, 0)
+
+
+def test_a_server_is_up_while_any_of_its_targets_heartbeats():
+    from types import SimpleNamespace as T
+
+    from emberfs.common.stalls import live_addresses
+    from emberfs.proto import common_pb2 as pb
+
+    targets = [
+        T(data_address="a:1", state=pb.OFFLINE),
+        T(data_address="a:1", state=pb.SYNCING),  # a returning node: forwards reach it
+        T(data_address="b:1", state=pb.WAITING),
+        T(data_address="c:1", state=pb.LASTSRV),  # its node stopped heartbeating
+        T(data_address="d:1", state=pb.OFFLINE),
+        T(data_address="e:1", state=pb.SERVING),
+    ]
+    assert live_addresses(targets) == {"a:1", "b:1", "e:1"}
