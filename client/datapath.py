@@ -397,10 +397,11 @@ class DataClient:
         """
         for attempt in (0, 1):
             reused = False
+            watched = None
             try:
                 with (
                     self._connection(address, fresh=attempt == 1) as (sock, reused),
-                    self.stalls.watching(address, sock),
+                    self.stalls.watching(address, sock) as watched,
                 ):
                     framing.send_frame(sock, op, meta, data)
                     return receive(sock)
@@ -409,7 +410,7 @@ class DataClient:
                     attempt == 0
                     and reused
                     and not isinstance(exc, framing.ChecksumError)
-                    and not self.pool.is_bad(address)  # not a server the stall watch left
+                    and not (watched is not None and watched.cut)  # its server is down
                 ):
                     continue
                 raise

@@ -43,6 +43,15 @@ def live_addresses(targets: Iterable) -> set[str]:
     return {t.data_address for t in targets if t.state in LIVE_STATES}
 
 
+class Watched:
+    """What became of a transfer watched with :meth:`StallWatch.watching`."""
+
+    __slots__ = ("cut",)
+
+    def __init__(self) -> None:
+        self.cut = False  # the watch shut its connection down (its server is down)
+
+
 class StallWatch:
     """Shuts down the connections of transfers that wait on a server the cluster has left.
 
@@ -103,13 +112,18 @@ class StallWatch:
             return self._active.pop(key, None) is None
 
     @contextlib.contextmanager
-    def watching(self, address: str, sock: socket.socket) -> Iterator[None]:
-        """Watch the transfer on ``sock`` for the duration of the block."""
+    def watching(self, address: str, sock: socket.socket) -> Iterator[Watched]:
+        """Watch the transfer on ``sock`` for the duration of the block.
+
+        Yields a :class:`Watched` whose ``cut`` tells, once the block is left,
+        whether the watch cut the transfer.
+        """
+        watched = Watched()
         key = self.add(address, sock)
         try:
-            yield
+            yield watched
         finally:
-            self.remove(key)
+            watched.cut = self.remove(key)
 
     def check(self, now: float | None = None) -> int:
         """Cut the transfers older than ``interval`` whose server the cluster has left.
@@ -159,9 +173,8 @@ class StallWatch:
         while not self._stop.wait(self.interval / 2):
             try:
                 self.check()
-            except (
-                Exception
-            ) as exc:  # the metaserver may be down too: the socket timeout still holds
+            except Exception as exc:
+                # the metaserver may be down too: the socket timeouts still hold
                 log.debug("stall check failed: %s", exc)
 
     def stop(self) -> None:

@@ -83,11 +83,12 @@ def test_the_watch_thread_wakes_a_blocked_receive(pairs):
     mine, _ = pairs()
     mine.settimeout(30)
     got: list[bytes] = []
-    with watch.watching("10.0.0.1:9500", mine):
+    with watch.watching("10.0.0.1:9500", mine) as watched:
         reader = threading.Thread(target=lambda: got.append(mine.recv(1)))
         reader.start()
         reader.join(10)
     assert not reader.is_alive() and got == [b""]
+    assert watched.cut
     watch.stop()
 
 
@@ -97,12 +98,13 @@ def test_a_failing_routing_question_leaves_transfers_alone(pairs):
 
     watch = StallWatch(ask, 0.02)
     mine, peer = pairs()
-    with watch.watching("10.0.0.1:9500", mine):
+    with watch.watching("10.0.0.1:9500", mine) as watched:
         time.sleep(0.1)  # the thread's checks fail and are logged
         with pytest.raises(ConnectionError):
             watch.check(time.monotonic() + 1)
         peer.sendall(b"z")
         assert mine.recv(1) == b"z"
+    assert not watched.cut
     watch.stop()
 
 
