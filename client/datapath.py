@@ -362,7 +362,9 @@ class DataClient:
         self._lanes: dict[str, _Lane] = {}  # the connection of each server's sent reads
         self._rr = itertools.count()
         self._lock = threading.Lock()
-        self.stalls = StallWatch(self._live_addresses, stall_check, on_abandon=pool.mark_bad)
+        self.stalls = StallWatch(
+            self._live_addresses, stall_check, on_abandon=pool.mark_bad, on_suspect=pool.mark_bad
+        )
 
     def _live_addresses(self) -> set[str]:
         """The data addresses of the servers that are up, as the metaserver says now."""
@@ -371,6 +373,11 @@ class DataClient:
     def close(self) -> None:
         """Stop the stall watch (the pool is closed by its owner)."""
         self.stalls.stop()
+
+    def _failed(self, address: str) -> None:
+        """A transfer to ``address`` failed: try it last, and watch the routing for it."""
+        self.pool.mark_bad(address)
+        self.stalls.suspect(address)
 
     # one request ---------------------------------------------------------------
     @contextmanager
@@ -531,7 +538,7 @@ class DataClient:
                     continue
                 except (OSError, framing.FrameError) as exc:
                     # connection refused/reset, timeout, bad frame or checksum
-                    self.pool.mark_bad(address)
+                    self._failed(address)
                     failures.append(f"{address}: {exc!r}")
                     continue
                 finally:
@@ -662,7 +669,7 @@ class DataClient:
             if not self._is_open(lane):
                 return
             del self._lanes[lane.address]
-        self.pool.mark_bad(lane.address)
+        self._failed(lane.address)
         with contextlib.suppress(OSError):
             lane.sock.shutdown(socket.SHUT_RDWR)  # wakes a receiver blocked on it
         self.pool.discard(lane.address, lane.sock)
@@ -715,7 +722,7 @@ class DataClient:
                     raise TransientError(f"{head.data_address}: {exc}") from None
                 raise OSError(errno.EIO, f"storage refused the write: {exc}") from None
             except (OSError, framing.FrameError) as exc:
-                self.pool.mark_bad(head.data_address)
+                self._failed(head.data_address)
                 raise TransientError(f"{head.data_address}: {exc!r}") from None
 
         return self._retrying(attempt, seen, chain_id, "write", self.write_timeout, max_backoff=1.0)

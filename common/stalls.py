@@ -16,6 +16,14 @@ send blocked on it with an error, and its caller fails over to another
 replica as after a reset connection. A slow server that the cluster still
 counts as up is never left on this account; the socket timeout still bounds
 the wait for it.
+
+A server whose process died while its host vanished (a crashed machine, a
+killed container) closes the connections it had, but new ones to it wait for
+the connect timeout. A caller whose transfer to an address failed calls
+:meth:`StallWatch.suspect`: the thread then asks ``live()`` at every check for
+up to ``horizon`` seconds, so that the routing it refreshes leaves the server
+out as soon as the cluster declares it down, and until then ``on_suspect``
+(the client marks the address bad: tried last) is called again at each check.
 """
 
 from __future__ import annotations
@@ -70,6 +78,12 @@ class StallWatch:
         ``on_abandon(address)`` just before the transfers to ``address`` are
         cut (the client marks the address bad, so that the woken caller does
         not try that server again at once).
+    horizon : float, default 10.0
+        Seconds an address stays suspected after :meth:`suspect` while the
+        cluster still counts it as up.
+    on_suspect : callable, optional
+        ``on_suspect(address)`` at each check while a suspected address is
+        still counted as up.
     """
 
     def __init__(
@@ -77,12 +91,18 @@ class StallWatch:
         live: Callable[[], set[str]],
         interval: float,
         on_abandon: Callable[[str], None] = lambda address: None,
+        *,
+        horizon: float = 10.0,
+        on_suspect: Callable[[str], None] = lambda address: None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"stall check interval {interval} is not positive")
         self._live = live
         self.interval = interval
         self._on_abandon = on_abandon
+        self.horizon = horizon
+        self._on_suspect = on_suspect
+        self._suspects: dict[str, float] = {}  # address -> when suspicion ends
         self._lock = threading.Lock()
         self._active: dict[int, tuple[str, socket.socket, float]] = {}
         self._keys = itertools.count()
@@ -90,17 +110,25 @@ class StallWatch:
         self._thread: threading.Thread | None = None
         self.abandoned = 0  # transfers cut so far
 
+    def _ensure_thread(self) -> None:
+        """Start the watch thread unless it runs or was stopped (under ``_lock``)."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name="emberfs-stalls", daemon=True)
+            self._thread.start()
+
     def add(self, address: str, sock: socket.socket) -> int:
         """Watch a transfer on ``sock`` to ``address`` from now; the key for :meth:`remove`."""
         key = next(self._keys)
         with self._lock:
             self._active[key] = (address, sock, time.monotonic())
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="emberfs-stalls", daemon=True
-                )
-                self._thread.start()
+            self._ensure_thread()
         return key
+
+    def suspect(self, address: str) -> None:
+        """A transfer to ``address`` failed: follow the routing for it for ``horizon`` seconds."""
+        with self._lock:
+            self._suspects[address] = time.monotonic() + self.horizon
+            self._ensure_thread()
 
     def remove(self, key: int) -> bool:
         """The transfer is over: its connection is never touched from here on.
@@ -129,17 +157,31 @@ class StallWatch:
         """Cut the transfers older than ``interval`` whose server the cluster has left.
 
         Returns how many were cut. ``live()`` is called only when some
-        transfer is that old; its errors propagate. ``now`` (``time.monotonic()``
-        by default) is the time the transfers' ages are taken at.
+        transfer is that old or some address is suspected; its errors
+        propagate. A suspected address that ``live()`` leaves out is no longer
+        suspected; one it still names gets ``on_suspect``. ``now``
+        (``time.monotonic()`` by default) is the time ages are taken at.
         """
         now = time.monotonic() if now is None else now
         with self._lock:
             waiting = [
                 k for k, (_, _, since) in self._active.items() if now - since >= self.interval
             ]
-        if not waiting:
+            for address in [a for a, until in self._suspects.items() if until <= now]:
+                del self._suspects[address]
+            suspects = list(self._suspects)
+        if not waiting and not suspects:
             return 0
         live = self._live()
+        still = [a for a in suspects if a in live]
+        with self._lock:
+            for address in suspects:
+                if address not in live:  # declared down: the routing now leaves it out
+                    self._suspects.pop(address, None)
+        for address in still:
+            self._on_suspect(address)
+        if not waiting:
+            return 0
         with self._lock:
             gone = {
                 entry[0]

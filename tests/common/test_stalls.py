@@ -128,3 +128,45 @@ def test_a_server_is_up_while_any_of_its_targets_heartbeats():
         T(data_address="e:1", state=pb.SERVING),
     ]
     assert live_addresses(targets) == {"a:1", "b:1", "e:1"}
+
+
+def test_a_suspected_address_is_followed_until_the_cluster_declares_it_down():
+    live = {"10.0.0.1:9500", "10.0.0.2:9500"}
+    asked: list[int] = []
+    flagged: list[str] = []
+
+    def ask() -> set[str]:
+        asked.append(1)
+        return set(live)
+
+    watch = StallWatch(ask, 60.0, horizon=120.0, on_suspect=flagged.append)
+    now = time.monotonic()
+    assert watch.check(now) == 0 and asked == []  # nothing to follow: no routing question
+    watch.suspect("10.0.0.1:9500")
+    watch.check(now + 1)
+    watch.check(now + 2)
+    assert len(asked) == 2  # the routing is asked at every check, with no transfer waiting
+    assert flagged == ["10.0.0.1:9500", "10.0.0.1:9500"]  # still counted up: still flagged
+    live.discard("10.0.0.1:9500")  # the metaserver declares it down
+    watch.check(now + 3)
+    assert flagged == ["10.0.0.1:9500"] * 2
+    watch.check(now + 4)
+    assert len(asked) == 3  # no longer followed
+    watch.stop()
+
+
+def test_a_suspicion_ends_after_its_horizon():
+    asked: list[int] = []
+    flagged: list[str] = []
+
+    def ask() -> set[str]:
+        asked.append(1)
+        return {"10.0.0.1:9500"}
+
+    watch = StallWatch(ask, 60.0, horizon=5.0, on_suspect=flagged.append)
+    watch.suspect("10.0.0.1:9500")
+    now = time.monotonic()
+    watch.check(now + 1)
+    watch.check(now + 6)
+    assert len(asked) == 1 and flagged == ["10.0.0.1:9500"]
+    watch.stop()
