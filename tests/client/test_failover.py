@@ -140,3 +140,37 @@ def test_reads_and_writes_go_on_while_a_storage_server_hangs(private_cluster):
     finally:
         frozen.signal(signal.SIGCONT)
         fs.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_client_follows_the_routing_of_a_server_that_failed_it(private_cluster):
+    # A killed server's connections close, but new ones to a vanished host wait
+    # for the connect timeout. A client whose transfer to a server failed keeps
+    # asking the metaserver about that server, without another error, so that
+    # it stops choosing it once the cluster has declared it offline.
+    from emberfs.common.stalls import LIVE_STATES
+
+    cluster = private_cluster()
+    fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
+    try:
+        data = _pattern(32 * MiB)
+        fs.pipe_file("/f.bin", data)
+        dead = cluster.storage_address(1)
+        cluster.kill_storage(1)
+        assert fs.cat_file("/f.bin") == data  # some chunk reads fail on the dead server
+        cluster.wait_for(
+            lambda r: all(t.state not in LIVE_STATES for t in r.targets if t.data_address == dead),
+            30,
+            "the dead server's targets to go offline",
+        )
+        routing = fs._runtime().routing
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = {t.state for t in routing.get().targets.values() if t.data_address == dead}
+            if states and not states & LIVE_STATES:
+                break
+            time.sleep(0.1)
+        assert states and not states & LIVE_STATES, "the client still counts the dead server up"
+    finally:
+        fs.close()
