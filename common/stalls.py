@@ -11,15 +11,15 @@ with the connection they wait on. While any is older than ``interval``, a
 daemon thread asks ``live()`` (every ``interval / 2`` seconds) for the data
 addresses whose server the cluster still counts as up (it has a target that is
 serving, syncing or waiting: :func:`live_addresses`), and shuts down the
-connection of each such transfer whose server is not among them. That wakes the receive or
-send blocked on it with an error, and its caller fails over to another
-replica as after a reset connection. A slow server that the cluster still
+connection of each such transfer whose server is not among them. That wakes
+the receive or send blocked on it with an error, and its caller fails over to
+another replica as after a reset connection. A slow server that the cluster still
 counts as up is never left on this account; the socket timeout still bounds
 the wait for it.
 
-A server whose process died while its host vanished (a crashed machine, a
-killed container) closes the connections it had, but new ones to it wait for
-the connect timeout. A caller whose transfer to an address failed calls
+A server that went away with its host (a killed container) closes the
+connections it had, but new ones to its address wait for the connect timeout.
+A caller whose transfer to an address failed calls
 :meth:`StallWatch.suspect`: the thread then asks ``live()`` at every check for
 up to ``horizon`` seconds, so that the routing it refreshes leaves the server
 out as soon as the cluster declares it down, and until then ``on_suspect``
@@ -69,8 +69,9 @@ class StallWatch:
         Returns the data addresses (``host:port``) of the servers the cluster
         counts as up now (:func:`live_addresses` of the routing's targets).
         Called from the watch thread only, only while a transfer has waited
-        ``interval``; it may ask the metaserver (the client) or read the
-        routing a server already holds (a storage server).
+        ``interval`` or an address is suspected; it may ask the metaserver
+        (the client) or read the routing a server already holds (a storage
+        server).
     interval : float
         Seconds a transfer runs before its server is checked, and then
         between checks.
