@@ -131,6 +131,19 @@ def _answer(
         return status, "", frame.meta
 
 
+class _NotSent(Exception):
+    """An :class:`Exchange` could not connect or send; the connection is closed."""
+
+    def __init__(
+        self, error: Exception, *, connected: bool, reused: bool = False, cut: bool = False
+    ):
+        super().__init__(str(error))
+        self.error = error
+        self.connected = connected
+        self.reused = reused  # the connection came from the pool
+        self.cut = cut  # the stall watch cut it: its server is down
+
+
 class Exchange:
     """A request sent on a pooled connection whose answer is collected later.
 
@@ -148,37 +161,40 @@ class Exchange:
         self._failed = ""
         self._resend = False
         try:
+            self._sock, self._reused, self._key = self._send()
+        except _NotSent as exc:
+            if exc.reused and not exc.cut:
+                pool.discard(address)
+                self._resend = True
+            elif exc.connected:
+                self._failed = f"{address}: {exc.error}"
+            else:
+                self._failed = f"cannot connect to {address}: {exc.error}"
+
+    def _send(self) -> tuple[socket.socket, bool, int | None]:
+        """A connection with the request sent on it, whether it was reused, and its watch key.
+
+        Raises :class:`_NotSent` (the connection closed) when connecting or sending fails.
+        """
+        pool, address, op, meta, data, kwargs = self._args
+        try:
             sock, reused = pool.get(address)
         except OSError as exc:
-            self._failed = f"cannot connect to {address}: {exc}"
-            return
+            raise _NotSent(exc, connected=False) from None
         key = pool.watch(address, sock)
         try:
             framing.send_frame(sock, op, meta, data, **kwargs)
         except (OSError, framing.FrameError) as exc:
             cut = pool.unwatch(key)
             sock.close()
-            if reused and not cut:
-                pool.discard(address)
-                self._resend = True
-            else:
-                self._failed = f"{address}: {exc}"
-            return
-        self._sock, self._reused, self._key = sock, reused, key
+            raise _NotSent(exc, connected=True, reused=reused, cut=cut) from None
+        return sock, reused, key
 
     def _send_again(self) -> tuple[int, str, bytes]:
-        pool, address, op, meta, data, kwargs = self._args
         try:
-            sock, _ = pool.get(address)
-        except OSError as exc:
-            return Status.NOT_SERVING, f"cannot reach {address}: {exc}", b""
-        key = pool.watch(address, sock)
-        try:
-            framing.send_frame(sock, op, meta, data, **kwargs)
-        except OSError as exc:
-            pool.unwatch(key)
-            sock.close()
-            return Status.NOT_SERVING, f"cannot reach {address}: {exc}", b""
+            sock, _, key = self._send()
+        except _NotSent as exc:
+            return Status.NOT_SERVING, f"cannot reach {self._args[1]}: {exc.error}", b""
         return self._receive(sock, False, key)
 
     def _receive(
