@@ -11,7 +11,8 @@ writes as one atomic batch only if no key it read has changed since
 (:class:`Conflict` otherwise; callers retry with :func:`run_transaction`).
 A commit is durable before it returns: the RocksDB engine syncs its WAL.
 (Its batch is visible to readers a moment before the sync completes; a
-commit that read it syncs the same WAL, which holds it, before returning.)
+commit that read it and wrote syncs the same WAL, which holds it, before
+returning. A transaction that only read does not wait for that sync.)
 
 Commits are grouped: concurrent committers queue their transactions, and one
 of them (the leader) validates every queued read set in arrival order -
@@ -19,6 +20,15 @@ against the store and the writes of the transactions accepted before it in
 the same group - then writes all accepted transactions as one atomic batch
 with one WAL sync, and wakes the others. Under load a sync is shared by many
 commits; a lone committer leads its own group of one.
+
+The engine's :attr:`~KVEngine.version` is bumped before and after every
+batch, so it is odd while one is being applied. A transaction notes it when
+it is made. While it is unchanged (and even), every key the transaction read
+still holds the value it read, and all of them are one state of the store:
+a transaction that wrote nothing is then done without validation (and
+without the commit lock), and a writer's reads are checked only against the
+commits grouped before it, not read again. Otherwise reads are validated
+against the store as above.
 
 A caller that commits many transactions in a row before it answers (one call
 of a batch RPC) can defer the sync: ``commit(sync=False)`` writes the batch to
@@ -71,10 +81,10 @@ class KVEngine(ABC):
         """Pairs with ``start <= key < end`` (no upper bound when end is None), in key order."""
 
     @abstractmethod
-    def _apply(self, puts: dict[bytes, bytes], deletes: set[bytes], sync: bool = True) -> None:
-        """Apply a batch atomically (called under the commit lock).
+    def _apply(self, puts: dict[bytes, bytes], deletes: set[bytes]) -> None:
+        """Apply a batch atomically and visibly, durable at the next :meth:`sync`.
 
-        Durably when ``sync``; otherwise at the next :meth:`sync`.
+        Called by :meth:`_write` only, under the commit lock.
         """
 
     def __init__(self) -> None:
@@ -82,6 +92,18 @@ class KVEngine(ABC):
         self._group_cond = threading.Condition()
         self._group_queue: list[_PendingCommit] = []
         self._group_leader = False
+        # bumped before and after every batch: odd while one is being applied
+        self.version = 0
+
+    def _write(self, puts: dict[bytes, bytes], deletes: set[bytes], sync: bool) -> None:
+        """Apply one batch under the commit lock; durably when ``sync``."""
+        self.version += 1
+        try:
+            self._apply(puts, deletes)
+        finally:
+            self.version += 1
+        if sync:
+            self.sync()
 
     def scan_prefix(
         self, prefix: bytes, start_after: bytes | None = None, limit: int | None = None
@@ -97,7 +119,7 @@ class KVEngine(ABC):
     ) -> None:
         """A blind atomic batch (no read-set check); ``sync=False`` as for :meth:`commit`."""
         with self._commit_lock:
-            self._apply(puts, deletes or set(), sync)
+            self._write(puts, deletes or set(), sync)
 
     def commit(
         self,
@@ -105,15 +127,20 @@ class KVEngine(ABC):
         puts: dict[bytes, bytes],
         deletes: set[bytes],
         sync: bool = True,
+        *,
+        version: int | None = None,
     ) -> None:
         """Apply ``puts``/``deletes`` atomically if every key in ``reads`` still has the value read.
 
         Raises :class:`Conflict` (nothing applied) when a key read has changed.
         Concurrent calls are grouped into one synced batch (see the module
         docstring); each still succeeds or fails on its own read set.
-        ``sync=False``: durable only after a later :meth:`sync`.
+        ``sync=False``: durable only after a later :meth:`sync`. ``version``:
+        :attr:`version` before the first read; while no batch has been applied
+        since, the reads are checked only against the commits grouped before
+        this one, not read again from the store.
         """
-        mine = _PendingCommit(reads, puts, deletes, sync)
+        mine = _PendingCommit(reads, puts, deletes, sync, version)
         with self._group_cond:
             self._group_queue.append(mine)
             while not mine.done and self._group_leader:
@@ -144,15 +171,20 @@ class KVEngine(ABC):
             puts: dict[bytes, bytes] = {}
             deletes: set[bytes] = set()
             accepted: list[_PendingCommit] = []
+            # the store as every transaction that began at this version read it
+            unchanged = self.version if self.version % 2 == 0 else None
             for pending in group:
                 conflict = None
+                stored = pending.version != unchanged
                 for key, seen in pending.reads.items():
                     if key in puts:
                         current = puts[key]
                     elif key in deletes:
                         current = None
-                    else:
+                    elif stored:
                         current = self.get(key)
+                    else:
+                        continue
                     if current != seen:
                         conflict = key
                         break
@@ -168,7 +200,7 @@ class KVEngine(ABC):
                 accepted.append(pending)
             if puts or deletes:
                 try:
-                    self._apply(puts, deletes, any(p.sync for p in accepted))
+                    self._write(puts, deletes, any(p.sync for p in accepted))
                 except Exception as exc:
                     for pending in accepted:
                         pending.error = exc
@@ -186,13 +218,14 @@ class KVEngine(ABC):
 class _PendingCommit:
     """One transaction waiting in a commit group."""
 
-    __slots__ = ("reads", "puts", "deletes", "sync", "done", "applied", "error")
+    __slots__ = ("reads", "puts", "deletes", "sync", "version", "done", "applied", "error")
 
-    def __init__(self, reads, puts, deletes, sync: bool = True) -> None:
+    def __init__(self, reads, puts, deletes, sync: bool = True, version: int | None = None) -> None:
         self.reads: dict[bytes, bytes | None] = reads
         self.puts: dict[bytes, bytes] = puts
         self.deletes: set[bytes] = deletes
         self.sync = sync
+        self.version = version
         self.done = False
         self.applied = False
         self.error: BaseException | None = None
@@ -203,6 +236,7 @@ class Transaction:
 
     def __init__(self, engine: KVEngine):
         self.engine = engine
+        self.version = engine.version  # before the first read
         self.reads: dict[bytes, bytes | None] = {}
         self.puts: dict[bytes, bytes] = {}
         self.deletes: set[bytes] = set()
@@ -263,7 +297,20 @@ class Transaction:
                 return
 
     def commit(self, sync: bool = True) -> None:
-        self.engine.commit(self.reads, self.puts, self.deletes, sync=sync)
+        """Commit (see :meth:`KVEngine.commit`); raises :class:`Conflict`.
+
+        A transaction that wrote nothing, begun while no batch was being
+        applied and with none applied since, read one state of the store:
+        it is done without validating its reads.
+        """
+        if (
+            not self.puts
+            and not self.deletes
+            and self.version % 2 == 0
+            and self.engine.version == self.version
+        ):
+            return
+        self.engine.commit(self.reads, self.puts, self.deletes, sync=sync, version=self.version)
 
 
 def run_transaction(
@@ -312,7 +359,7 @@ class MemoryEngine(KVEngine):
             items = [(k, self._data[k]) for k in self._keys[i:j]]
         return iter(items)
 
-    def _apply(self, puts, deletes, sync=True):
+    def _apply(self, puts, deletes):
         with self._lock:
             for key in deletes:
                 if self._data.pop(key, _MISSING) is not _MISSING:
@@ -359,7 +406,7 @@ class RocksEngine(KVEngine):
                 break
             it.next()
 
-    def _apply(self, puts, deletes, sync=True):
+    def _apply(self, puts, deletes):
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
@@ -368,8 +415,6 @@ class RocksEngine(KVEngine):
         for key, value in puts.items():
             batch.put(key, value)
         self._db.write(batch, self._write_opts)
-        if sync:
-            self.sync()
 
     def sync(self) -> None:
         if self._sync:

@@ -137,9 +137,9 @@ class RecordingEngine(MemoryEngine):
         super().__init__()
         self.synced: list[bool] = []
 
-    def _apply(self, puts, deletes, sync=True):
+    def _write(self, puts, deletes, sync):
         self.synced.append(sync)
-        super()._apply(puts, deletes, sync)
+        super()._write(puts, deletes, sync)
 
 
 def test_usage_alone_is_stored_without_a_sync_and_state_changes_with_one(clock):

@@ -70,6 +70,81 @@ def test_conflicting_transaction_is_refused(engine):
     assert engine.get(b"counter") == b"2"
 
 
+def test_a_read_only_commit_does_not_wait_for_writers(engine):
+    """Nothing applied since it began: a transaction that only read is done at once."""
+    engine.write({b"a": b"1"})
+    txn = engine.transaction()
+    assert txn.get(b"a") == b"1" and txn.get(b"b") is None
+    done = threading.Event()
+    with engine._commit_lock:  # a writer's batch (and its WAL sync) under way
+
+        def commit():
+            txn.commit()
+            done.set()
+
+        threading.Thread(target=commit, daemon=True).start()
+        assert done.wait(5)
+
+
+def test_a_read_only_transaction_that_a_batch_overtook_is_validated(engine):
+    engine.write({b"a": b"1", b"b": b"1"})
+    unchanged = engine.transaction()
+    changed = engine.transaction()
+    assert unchanged.get(b"a") == b"1" and changed.get(b"b") == b"1"
+    engine.write({b"b": b"2"})
+    unchanged.commit()  # what it read still holds
+    with pytest.raises(kv.Conflict):
+        changed.commit()
+
+
+def test_a_writer_is_validated_against_the_store_only_after_another_batch(engine):
+    """Reads still current (no batch since they began) are not read again at commit."""
+    engine.write({b"a": b"1", b"b": b"1"})
+    gets = []
+    read = engine.get
+    engine.get = lambda key: gets.append(key) or read(key)
+    quiet = engine.transaction()
+    assert quiet.get(b"a") == b"1"
+    quiet.put(b"c", b"1")
+    quiet.commit()
+    assert gets == [b"a"]
+    gets.clear()
+    overtaken = engine.transaction()
+    assert overtaken.get(b"a") == b"1"
+    overtaken.put(b"d", b"1")
+    engine.write({b"b": b"2"})
+    overtaken.commit()  # validated against the store, and what it read holds
+    assert gets == [b"a", b"a"]
+    assert engine.get(b"c") == engine.get(b"d") == b"1"
+
+
+def test_a_transaction_begun_while_a_batch_is_applied_is_validated():
+    class Slow(kv.MemoryEngine):
+        def __init__(self):
+            super().__init__()
+            self.applying = threading.Event()
+            self.release = threading.Event()
+
+        def _apply(self, puts, deletes):
+            self.applying.set()
+            assert self.release.wait(5)
+            super()._apply(puts, deletes)
+
+    engine = Slow()
+    engine._data[b"k"] = b"old"
+    engine._keys.append(b"k")
+    writer = threading.Thread(target=engine.write, args=({b"k": b"new"},))
+    writer.start()
+    assert engine.applying.wait(5)
+    txn = engine.transaction()  # the batch is half done
+    assert txn.get(b"k") == b"old"
+    engine.release.set()
+    writer.join(5)
+    assert engine.version % 2 == 0
+    with pytest.raises(kv.Conflict):
+        txn.commit()
+
+
 def test_run_transaction_retries_until_no_conflict(engine):
     engine.write({b"n": b"0"})
 

@@ -18,10 +18,10 @@ class SlowEngine(MemoryEngine):
         self.delay = delay
         self.batches = 0
 
-    def _apply(self, puts, deletes, sync=True):
+    def _apply(self, puts, deletes):
         self.batches += 1
         time.sleep(self.delay)
-        super()._apply(puts, deletes, sync)
+        super()._apply(puts, deletes)
 
 
 def _increment(engine, key: bytes) -> None:
@@ -97,7 +97,7 @@ def test_a_group_rejects_a_commit_whose_read_an_earlier_one_changed():
 
 def test_a_failed_batch_fails_every_commit_of_its_group():
     class Broken(MemoryEngine):
-        def _apply(self, puts, deletes, sync=True):
+        def _apply(self, puts, deletes):
             raise OSError("disk gone")
 
     engine = Broken()
