@@ -174,15 +174,18 @@ class Namespace:
         creds = Credentials.from_request(ctx)
         dedup = method is not None and bool(ctx.client_id) and ctx.request_id != 0
         last: list[OpContext] = []
+        replayed = [False]
 
         def attempt(txn: Transaction) -> Message:
             op = OpContext(txn, creds, self._env, self._clock(), client_id=ctx.client_id)
             last[:] = [op]
+            replayed[0] = False
             if dedup:
                 prior = idempotency.find(
                     txn, ctx.client_id, ctx.request_id, method, _RESPONSES[method]
                 )
                 if prior is not None:
+                    replayed[0] = True
                     return prior
             response = fn(op, req)
             if dedup:
@@ -197,6 +200,11 @@ class Namespace:
             raise Unavailable("the namespace is too busy; retry") from None
         finally:
             self._report_gc(last)
+        if replayed[0] and sync:
+            # The first attempt's batch is visible before its WAL sync ends, and
+            # a transaction that only read commits without a sync: answer the
+            # retry only once what it reports is durable.
+            self.engine.sync()
         if last:
             self._count(last[0])
         return response

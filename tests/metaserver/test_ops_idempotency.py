@@ -54,6 +54,22 @@ def test_mkdir_retry_returns_first_result(ns):
         ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1, "client-b"), path="/d"))
 
 
+def test_a_retry_is_answered_once_its_first_attempt_is_durable(clock):
+    """A replayed response can describe a batch whose WAL sync has not ended: sync first."""
+
+    class Counting(MemoryEngine):
+        syncs = 0
+
+        def sync(self):
+            self.syncs += 1
+
+    ns = Namespace(Counting(), chain_table=lambda: [1, 2, 3], clock=clock)
+    first = ns.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f", exclusive=True))
+    before = ns.engine.syncs
+    assert ns.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f", exclusive=True)) == first
+    assert ns.engine.syncs == before + 1
+
+
 def test_mutations_apply_once(ns):
     created = ns.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f", exclusive=True))
     assert ns.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f", exclusive=True)) == created
