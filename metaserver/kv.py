@@ -171,8 +171,9 @@ class KVEngine(ABC):
             puts: dict[bytes, bytes] = {}
             deletes: set[bytes] = set()
             accepted: list[_PendingCommit] = []
-            # the store as every transaction that began at this version read it
-            unchanged = self.version if self.version % 2 == 0 else None
+            # No batch is being applied under the commit lock (the version is
+            # even): a transaction begun at this version read the store as it is.
+            unchanged = self.version
             for pending in group:
                 conflict = None
                 stored = pending.version != unchanged
