@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -161,6 +162,54 @@ def test_run_transaction_retries_until_no_conflict(engine):
     for t in threads:
         t.join()
     assert engine.get(b"n") == b"200"
+
+
+def test_readers_commit_only_states_that_existed(engine):
+    """Transfers keep a + b at 100; every read that commits sees a sum of 100."""
+    engine.write({b"a": b"100", b"b": b"0"})
+    stop = threading.Event()
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def transfer(txn):
+        a, b = int(txn.get(b"a")), int(txn.get(b"b"))
+        n = 1 if a > 0 else -1
+        txn.put(b"a", str(a - n).encode())
+        txn.put(b"b", str(b + n).encode())
+
+    def read_both(txn):
+        a = int(txn.get(b"a"))
+        time.sleep(0.0002)  # let a writer in between the two reads
+        return a + int(txn.get(b"b"))
+
+    def guarded(fn):
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    def write_until_stopped():
+        while not stop.is_set():
+            kv.run_transaction(engine, transfer, attempts=1000)
+            time.sleep(0.0003)  # and let the readers commit now and then
+
+    def read_200():
+        for _ in range(200):
+            seen.append(kv.run_transaction(engine, read_both, attempts=1000))
+
+    writers = [threading.Thread(target=guarded, args=(write_until_stopped,)) for _ in range(3)]
+    readers = [threading.Thread(target=guarded, args=(read_200,)) for _ in range(2)]
+    for t in writers + readers:
+        t.start()
+    for t in readers:
+        t.join()
+    stop.set()
+    for t in writers:
+        t.join()
+    assert not errors
+    assert len(seen) == 400 and set(seen) == {100}
+    assert int(engine.get(b"a")) + int(engine.get(b"b")) == 100
 
 
 def test_rocksdb_commit_survives_kill_9(tmp_path):
