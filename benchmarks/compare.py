@@ -41,7 +41,8 @@ it compares figures taken seconds apart on the same, possibly busy, machine):
 * SeaweedFS 4.48 (``weed mini``, :mod:`seaweed`) with the same file read whole
   and in pieces through s3fs (S3 gateway) and fsspec's HTTP filesystem (filer);
 * metadata (:mod:`meta_rate`): stat, create, rename and list rates beside the
-  rate of the no-op ``MetaService.Ping``, with 1 and 8 client threads.
+  rate of the no-op ``MetaService.Ping``, with 1 and 8 client threads, and
+  the metaserver's own time per call of each (from its ``/metrics``).
 
 It prints a table of the ratios and targets, and writes
 ``benchmarks/results/<timestamp>.json`` and a PNG chart next to it.
@@ -588,7 +589,12 @@ def measure(args) -> dict:
         doc["append_sync_s"] = append_sync_seconds(workdir)
         log("metadata rates")
         for threads in (1, 8):
-            rates = meta_rate.measure(meta, count=args.meta_count, threads=threads)
+            rates = meta_rate.measure(
+                meta,
+                count=args.meta_count,
+                threads=threads,
+                metrics_url=f"{cluster.admin_url}/metrics",
+            )
             doc[f"meta_{threads}"] = rates
     finally:
         if weed is not None:
@@ -716,6 +722,13 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
             f"({m['list_entries_per_s']:.0f} entries/s of {m['list_entries']})",
             file=stream,
         )
+        handler = m.get("handler_us")
+        if handler:
+            print(
+                "  the metaserver's own time per call: "
+                + "  ".join(f"{name} {us:.0f} us" for name, us in handler.items()),
+                file=stream,
+            )
     rounds = doc.get("ratio_rounds", {})
 
     def spread(key: str) -> str:

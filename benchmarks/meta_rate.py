@@ -12,6 +12,13 @@ channel; with one thread it is the latency-bound rate of a sequential client.
 The operations run in ten interleaved batches (ping, create, stat, rename,
 then again), so the load of a shared machine weighs on all of them alike.
 Run alone: ``python benchmarks/meta_rate.py --meta HOST:PORT``.
+
+Given the metaserver's ``/metrics`` (``--metrics URL``, the admin API's), it
+also reports the metaserver's own time per call of each operation over the
+batches (``handler_us``, from ``emberfs_meta_request_duration_seconds``: the
+handler, not gRPC's receiving and answering around it) and how many calls that
+covers (``handler_calls``), so what a call adds to a ``Ping`` can be split into
+the server's work and the rest.
 """
 
 from __future__ import annotations
@@ -21,10 +28,31 @@ import json
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 
 ROUNDS = 10
+METHODS = {"ping": "Ping", "create": "Create", "stat": "Stat", "rename": "Rename"}
+
+
+def handler_totals(metrics_url: str) -> dict[str, tuple[float, float]]:
+    """(seconds, calls) the metaserver has spent in each ``MetaService`` method so far."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    totals: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "emberfs_meta_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("service") != "MetaService":
+                continue
+            slot = {"_sum": 0, "_count": 1}.get(sample.name[len(family.name) :])
+            if slot is not None:
+                totals.setdefault(sample.labels["method"], [0.0, 0.0])[slot] = sample.value
+    return {method: (t[0], t[1]) for method, t in totals.items()}
 
 
 def _timed(threads: int, first: int, per: int, op: Callable[[int, int], None]) -> float:
@@ -53,8 +81,18 @@ def _timed(threads: int, first: int, per: int, op: Callable[[int, int], None]) -
     return elapsed
 
 
-def measure(meta: str, count: int = 2000, threads: int = 1, list_entries: int = 1000) -> dict:
-    """Rates (per second) of ping, stat, create, rename and list against ``meta``."""
+def measure(
+    meta: str,
+    count: int = 2000,
+    threads: int = 1,
+    list_entries: int = 1000,
+    metrics_url: str | None = None,
+) -> dict:
+    """Rates (per second) of ping, stat, create, rename and list against ``meta``.
+
+    With ``metrics_url`` (the metaserver's ``/metrics``), also the metaserver's
+    own microseconds per call of each (``handler_us``) and its call counts.
+    """
     from emberfs.client.meta import MetaClient
     from emberfs.proto import meta_pb2
 
@@ -88,11 +126,21 @@ def measure(meta: str, count: int = 2000, threads: int = 1, list_entries: int = 
         per = max(1, count // (threads * rounds))
         ops = {"ping": ping, "create": create, "stat": stat, "rename": rename}
         seconds = dict.fromkeys(ops, 0.0)
+        before = handler_totals(metrics_url) if metrics_url else None
         for r in range(rounds):
             for name, op in ops.items():
                 seconds[name] += _timed(threads, r * per, per, op)
         for name in ops:
             out[f"{name}_per_s"] = rounds * per * threads / seconds[name]
+        if before is not None:
+            after = handler_totals(metrics_url)
+            out["handler_us"], out["handler_calls"] = {}, {}
+            for name, method in METHODS.items():
+                spent, calls = after.get(method, (0.0, 0.0))
+                spent0, calls0 = before.get(method, (0.0, 0.0))
+                out["handler_calls"][name] = int(calls - calls0)
+                if calls > calls0:
+                    out["handler_us"][name] = 1e6 * (spent - spent0) / (calls - calls0)
         listing = f"{root}/t0"
         n_entries = sum(1 for _ in client.list(listing))
         calls = max(5, min(200, 20000 // max(1, n_entries)))
@@ -117,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--meta", required=True, help="metaserver HOST:PORT")
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--metrics", help="the metaserver's /metrics URL (adds its time per call)")
     args = p.parse_args(argv)
-    print(json.dumps(measure(args.meta, args.count, args.threads)))
+    print(json.dumps(measure(args.meta, args.count, args.threads, metrics_url=args.metrics)))
     return 0
 
 

@@ -353,6 +353,23 @@ def test_reader_passes_report_every_pass(cluster, mode, option):
         fs.close()
 
 
+def test_meta_rate_reports_the_metaservers_own_time_per_call(cluster):
+    """Beside the rates, the metaserver's handler time per call, over exactly the calls made."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import meta_rate
+
+    out = meta_rate.measure(
+        cluster.meta_address, count=40, threads=2, metrics_url=f"{cluster.admin_url}/metrics"
+    )
+    # 10 interleaved rounds of 2 calls per thread of each operation
+    assert out["handler_calls"] == {"ping": 40, "create": 40, "stat": 40, "rename": 40}
+    assert set(out["handler_us"]) == {"ping", "create", "stat", "rename"}
+    assert all(us > 0 for us in out["handler_us"].values())
+    plain = meta_rate.measure(cluster.meta_address, count=10)
+    assert "handler_us" not in plain and plain["create_per_s"] > 0
+
+
 def test_compare_smoke(tmp_path):
     out = tmp_path / "results"
     argv = [
@@ -412,6 +429,8 @@ def test_compare_smoke(tmp_path):
         m = doc[f"meta_{threads}"]
         for key in ("ping_per_s", "stat_per_s", "create_per_s", "rename_per_s", "list_calls_per_s"):
             assert m[key] > 0, key
+        assert set(m["handler_us"]) == {"ping", "create", "stat", "rename"}
+    assert "the metaserver's own time per call: ping" in r.stdout
     keys = {t["key"] for t in doc["targets"]}
     assert {"read_vs_raw", "write_vs_raw", "create_vs_ping", "parallel4_vs_one"} <= keys
     assert doc["ratios"]["read_vs_raw_fresh"] > 0
