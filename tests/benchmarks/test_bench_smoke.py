@@ -6,6 +6,7 @@ every field with sane values.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -69,9 +70,7 @@ def test_phase_summary_percentiles():
 
 
 def test_compare_warm_files_skips_a_file_removed_meanwhile(tmp_path, monkeypatch):
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks import compare, raw_tcp
+    compare, raw_tcp = _benchmarks()
 
     (tmp_path / "kept").write_bytes(b"k" * 10)
     (tmp_path / "compacted").write_bytes(b"c" * 7)
@@ -91,12 +90,15 @@ def test_compare_warm_files_skips_a_file_removed_meanwhile(tmp_path, monkeypatch
     assert sorted(read) == ["kept", "nested"]
 
 
-def _benchmarks():
+def _benchmark(name: str):
+    """The module ``benchmarks.<name>`` of the repository (not an installed package)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks import compare, raw_tcp
+    return importlib.import_module(f"benchmarks.{name}")
 
-    return compare, raw_tcp
+
+def _benchmarks():
+    return _benchmark("compare"), _benchmark("raw_tcp")
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -155,9 +157,7 @@ def test_compare_chart_shows_the_write_bound_as_a_bound_not_a_write():
 
 
 def test_compare_ratios_pair_rounds_and_report_their_range():
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks import compare
+    compare = _benchmark("compare")
 
     series = compare.Series()
     for raw, ember in ((4.0, 2.0), (2.0, 1.8), (3.0, 2.7)):
@@ -355,9 +355,7 @@ def test_reader_passes_report_every_pass(cluster, mode, option):
 
 def test_meta_rate_reports_the_metaservers_own_time_per_call(cluster):
     """Beside the rates, the metaserver's handler time per call, over exactly the calls made."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks import meta_rate
+    meta_rate = _benchmark("meta_rate")
 
     out = meta_rate.measure(
         cluster.meta_address, count=40, threads=2, metrics_url=f"{cluster.admin_url}/metrics"
