@@ -10,12 +10,14 @@ fixtures both use it.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +25,54 @@ import grpc
 
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 10000
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to 0 and read it back)."""
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out as the source ports of outgoing connections."""
+    try:
+        low, high = (int(n) for n in EPHEMERAL_PORTS.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", count: int = 1, avoid: Set[int] = frozenset()) -> int:
+    """The first of ``count`` consecutive ports that are free now, none of them in ``avoid``.
+
+    The ports are picked at random outside the kernel's ephemeral range, so
+    that no outgoing connection (a client's, or a server's to its peers) takes
+    one as its source port between this pick and the bind of the server it is
+    for. Where the range leaves no room for that, the kernel picks (bind to 0).
+    """
+    low, high = _ephemeral_range()
+    spans = [
+        (lo, hi) for lo, hi in ((LOWEST_PICKED_PORT, low), (high + 1, 65536)) if hi - lo > count
+    ]
+    pick = random.SystemRandom()
+    for _ in range(500):
+        if spans:
+            lo, hi = pick.choice(spans)
+            first = pick.randrange(lo, hi - count + 1)
+        else:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                first = s.getsockname()[1]
+        ports = range(first, first + count)
+        if ports[-1] <= 65535 and avoid.isdisjoint(ports):
+            if all(_bindable(host, port) for port in ports):
+                return first
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
 
 
 def emberfs_command() -> list[str]:
@@ -159,12 +203,18 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
-        self.meta_port = self.meta_port or free_port(self.host)
-        self.admin_port = self.admin_port or free_port(self.host)
+        # Nothing binds the ports until start(), so each pick avoids the ones before it.
+        taken: set[int] = set()
+        self.meta_port = self.meta_port or free_port(self.host, avoid=taken)
+        taken.add(self.meta_port)
+        self.admin_port = self.admin_port or free_port(self.host, avoid=taken)
+        taken.add(self.admin_port)
         if self.storage_ports is None:
             self.storage_ports = []
             for _ in range(self.storage_servers):
-                self.storage_ports.append(self._free_triple())
+                port = free_port(self.host, count=3, avoid=taken)
+                taken.update(range(port, port + 3))
+                self.storage_ports.append(port)
         cmd = emberfs_command()
         logs = self.data_dir / "logs"
         self.meta = Service(
@@ -212,22 +262,6 @@ class LocalCluster:
             )
             for i, port in enumerate(self.storage_ports)
         ]
-
-    def _free_triple(self) -> int:
-        """A port p with p, p+1 and p+2 all free (data, gRPC, metrics)."""
-        taken = {p + k for p in (self.storage_ports or []) for k in range(3)}
-        for _ in range(200):
-            p = free_port(self.host)
-            if {p, p + 1, p + 2} & taken:
-                continue
-            try:
-                for k in (1, 2):
-                    with socket.socket() as s:
-                        s.bind((self.host, p + k))
-                return p
-            except OSError:
-                continue
-        raise RuntimeError("no three consecutive free ports")
 
     # addresses -------------------------------------------------------------
     @property

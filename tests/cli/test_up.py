@@ -9,25 +9,10 @@ import time
 
 import pytest
 
+from emberfs.cli import localcluster
 from emberfs.cli.localcluster import emberfs_command, free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _free_run(n: int) -> int:
-    """A base port with n consecutive free ports."""
-    import socket
-
-    for _ in range(100):
-        base = free_port()
-        try:
-            for k in range(n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + k))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no run of free ports")
 
 
 def _start(data_dir, meta, admin, storage, token="test-token"):
@@ -87,8 +72,9 @@ def _children_roles(pid: int) -> list[str]:
 
 
 def test_up_runs_every_role_and_keeps_data_across_restarts(tmp_path):
-    meta, admin = free_port(), free_port()
-    storage = _free_run(9)
+    meta = free_port()
+    admin = free_port(avoid={meta})
+    storage = free_port(count=9, avoid={meta, admin})
     data_dir = tmp_path / "data"
     cli = emberfs_command()
     env = dict(os.environ, EMBERFS_META=f"127.0.0.1:{meta}")
@@ -135,3 +121,20 @@ def test_up_refuses_bad_replica_count(tmp_path):
     )
     assert r.returncode == 2
     assert "--replicas" in r.stderr
+
+
+def test_free_ports_lie_outside_the_ephemeral_range_and_avoid_the_ones_taken(tmp_path, monkeypatch):
+    """A picked port can't be taken as an outgoing connection's source port before its bind."""
+    ephemeral = tmp_path / "ip_local_port_range"
+    ephemeral.write_text("20000\t60999\n")
+    monkeypatch.setattr(localcluster, "EPHEMERAL_PORTS", ephemeral)
+    taken: set[int] = set()
+    for _ in range(50):
+        first = free_port(count=3, avoid=taken)
+        ports = set(range(first, first + 3))
+        assert not ports & taken
+        assert all(10000 <= p < 20000 or 60999 < p <= 65535 for p in ports)
+        taken |= ports
+    # A range that leaves no room outside it: the kernel picks, still avoiding the ones taken.
+    ephemeral.write_text("1024 65535\n")
+    assert free_port(avoid=taken) not in taken

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from emberfs.cli.localcluster import free_port
 from emberfs.client.fs import EmberFileSystem
 from emberfs.proto import storage_pb2, storage_pb2_grpc
 
@@ -60,12 +60,6 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_until(check: Callable[[], bool], timeout: float, what: str, interval=0.5) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -81,8 +75,8 @@ class ComposeCluster:
 
     def __init__(self, project: str) -> None:
         self.project = project
-        self.meta_port = _free_port()
-        self.admin_port = _free_port()
+        self.meta_port = free_port()
+        self.admin_port = free_port(avoid={self.meta_port})
         self.env = dict(
             os.environ,
             EMBERFS_COMPOSE_PROJECT=project,

@@ -11,6 +11,7 @@ from concurrent import futures
 import grpc
 import pytest
 
+from emberfs.cli.localcluster import free_port
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
 from emberfs.metaserver import cluster_service
@@ -21,12 +22,6 @@ from emberfs.storageserver.node import Node
 
 pytestmark = pytest.mark.timeout(90)
 CS = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Meta:
@@ -122,21 +117,8 @@ def test_register_persists_ids_and_restart_keeps_them(meta, nodes, tmp_path):
     assert all(store.spare_bytes == 0 for store in again.stores.values())
 
 
-def free_pair() -> int:
-    """A port p with p and p + 1 both free a moment ago."""
-    for _ in range(200):
-        p = free_port()
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no pair of free ports")
-
-
 def test_grpc_port_defaults_to_data_port_plus_one(meta, nodes, tmp_path):
-    port = free_pair()
+    port = free_port(count=2)
     node = Node(tmp_path / "n", meta.address, listen=f"127.0.0.1:{port}", heartbeat_interval=0.2)
     nodes.append(node)
     try:
