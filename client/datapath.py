@@ -16,147 +16,16 @@ import errno
 import itertools
 import socket
 import threading
-import time
 from collections import defaultdict, deque
-from contextlib import contextmanager
 
 from google.protobuf.message import DecodeError
 
 from emberfs.client.meta import RequestIds, TransientError, retry
-from emberfs.client.routing import Chain, RoutingCache, RoutingInfo, Target
-from emberfs.common import framing
-from emberfs.common.addresses import split_address
-from emberfs.common.framing import Op, Status
-from emberfs.common.stalls import StallWatch, live_addresses
+from emberfs.client.routing import RoutingCache
+from emberfs.common import framing, wire
+from emberfs.common.framing import Op
+from emberfs.common.routing import ChainView, RoutingView, TargetView
 from emberfs.proto import data_pb2
-
-_READ_RESPONSE = Op.READ | framing.RESPONSE
-_WRITE_RESPONSE = Op.WRITE | framing.RESPONSE
-
-
-class ConnectionPool:
-    """TCP connections to storage servers, pooled per data address.
-
-    Parameters
-    ----------
-    connect_timeout : float, default 5.0
-    io_timeout : float, default 30.0
-        Socket timeout of every send and receive.
-    max_per_address : int, default 8
-        Connections open to one server at most (callers wait for a free one).
-    bad_ttl : float, default 2.0
-        Seconds an address that failed stays marked as bad.
-    """
-
-    def __init__(
-        self,
-        connect_timeout: float = 5.0,
-        io_timeout: float = 30.0,
-        max_per_address: int = 8,
-        bad_ttl: float = 2.0,
-    ) -> None:
-        self.connect_timeout = connect_timeout
-        self.io_timeout = io_timeout
-        self.max_per_address = max(1, max_per_address)
-        self.bad_ttl = bad_ttl
-        self._idle: dict[str, list[socket.socket]] = defaultdict(list)
-        self._open: dict[str, int] = defaultdict(int)
-        self._bad: dict[str, float] = {}
-        self._cond = threading.Condition()
-        self._closed = False
-
-    def _connect(self, address: str) -> socket.socket:
-        sock = socket.create_connection(split_address(address), timeout=self.connect_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.io_timeout)
-        return sock
-
-    def acquire(self, address: str, fresh: bool = False) -> tuple[socket.socket, bool]:
-        """A connection to ``address`` and whether it was reused from the pool."""
-        deadline = time.monotonic() + self.connect_timeout + self.io_timeout
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise OSError(errno.EBADF, "connection pool is closed")
-                idle = self._idle[address]
-                if idle and not fresh:
-                    return idle.pop(), True
-                if idle and fresh:
-                    idle.pop().close()
-                    self._open[address] -= 1
-                if self._open[address] < self.max_per_address:
-                    self._open[address] += 1
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no free connection to {address}")
-                self._cond.wait(left)
-        try:
-            return self._connect(address), False
-        except BaseException:
-            self._forget(address)
-            raise
-
-    def try_acquire(self, address: str) -> socket.socket | None:
-        """An idle or new connection to ``address``, or None when all are busy (never waits)."""
-        with self._cond:
-            if self._closed:
-                return None
-            idle = self._idle[address]
-            if idle:
-                return idle.pop()
-            if self._open[address] >= self.max_per_address:
-                return None
-            self._open[address] += 1
-        try:
-            return self._connect(address)
-        except OSError:
-            self._forget(address)
-            return None
-
-    def release(self, address: str, sock: socket.socket) -> None:
-        """Give a healthy connection back."""
-        with self._cond:
-            if self._closed:
-                sock.close()
-                self._open[address] -= 1
-            else:
-                self._idle[address].append(sock)
-            self._cond.notify()
-
-    def discard(self, address: str, sock: socket.socket) -> None:
-        """Close a connection in an unknown state (an error mid-frame)."""
-        try:
-            sock.close()
-        finally:
-            self._forget(address)
-
-    def _forget(self, address: str) -> None:
-        with self._cond:
-            self._open[address] -= 1
-            self._cond.notify()
-
-    def mark_bad(self, address: str) -> None:
-        with self._cond:
-            self._bad[address] = time.monotonic() + self.bad_ttl
-            for sock in self._idle.pop(address, []):
-                sock.close()
-                self._open[address] -= 1
-            self._cond.notify_all()
-
-    def is_bad(self, address: str) -> bool:
-        until = self._bad.get(address)
-        return until is not None and until > time.monotonic()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            for address, socks in self._idle.items():
-                for sock in socks:
-                    sock.close()
-                self._open[address] -= len(socks)
-            self._idle.clear()
-            self._cond.notify_all()
 
 
 def _check_answer(resp, inode: int, index: int, offset: int, data_len: int) -> None:
@@ -173,14 +42,6 @@ def _check_answer(resp, inode: int, index: int, offset: int, data_len: int) -> N
             f"answer for chunk {chunk.inode}:{chunk.index} at {resp.data_offset + resp.skip}"
             f" to a read of chunk {inode}:{index} at {offset}"
         )
-
-
-class _Refused(Exception):
-    """A storage server answered with an error status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{framing.status_name(status)}: {message}")
-        self.status = status
 
 
 # states of a sent read
@@ -249,7 +110,7 @@ class PendingRead:
                         if not client._is_open(lane):  # the connection broke
                             return False
                         head = lane.queue[0]
-                    with client.stalls.watching(lane.address, lane.sock):
+                    with client.pool.watching(lane.address, lane.sock):
                         answer = self._receive(lane.sock, out if head is self else None)
                     with client._lock:
                         lane.queue.popleft()
@@ -277,8 +138,8 @@ class PendingRead:
         back as (header, meta, crcs, data), or None for a refusal.
         """
         try:
-            header, meta, crcs = DataClient._recv_head(sock, _READ_RESPONSE)
-        except _Refused:  # the refusal was read whole: the connection is fine
+            header, meta, crcs = wire.recv_answer(sock, Op.READ)
+        except wire.Refused:  # the refusal was read whole: the connection is fine
             return False if out is not None else None
         if out is None:
             data = framing.recv_exact(sock, header.data_len) if header.data_len else b""
@@ -335,22 +196,16 @@ class DataClient:
         heartbeat timeout) before it raises.
     write_timeout : float, default 60.0
         The same for a chunk write.
-    stall_check : float, default 1.0
-        Seconds a transfer waits on a server before the client asks the
-        metaserver whether that server is still up; one it has declared
-        offline is left for another replica (:mod:`emberfs.common.stalls`)
-        instead of being waited on for the whole socket timeout.
     """
 
     def __init__(
         self,
         routing: RoutingCache,
         ids: RequestIds,
-        pool: ConnectionPool,
+        pool: wire.ConnectionPool,
         *,
         read_timeout: float = 60.0,
         write_timeout: float = 60.0,
-        stall_check: float = 1.0,
     ) -> None:
         self.routing = routing
         self.ids = ids
@@ -362,86 +217,10 @@ class DataClient:
         self._lanes: dict[str, _Lane] = {}  # the connection of each server's sent reads
         self._rr = itertools.count()
         self._lock = threading.Lock()
-        self.stalls = StallWatch(
-            self._live_addresses, stall_check, on_abandon=pool.mark_bad, on_suspect=pool.mark_bad
-        )
-
-    def _live_addresses(self) -> set[str]:
-        """The data addresses of the servers that are up, as the metaserver says now."""
-        return live_addresses(self.routing.refresh(self.routing.get()).targets.values())
-
-    def close(self) -> None:
-        """Stop the stall watch (the pool is closed by its owner)."""
-        self.stalls.stop()
-
-    def _failed(self, address: str) -> None:
-        """A transfer to ``address`` failed: try it last, and watch the routing for it."""
-        self.pool.mark_bad(address)
-        self.stalls.suspect(address)
-
-    # one request ---------------------------------------------------------------
-    @contextmanager
-    def _connection(self, address: str, fresh: bool = False):
-        sock, reused = self.pool.acquire(address, fresh)
-        ok = False
-        try:
-            yield sock, reused
-            ok = True
-        except _Refused:
-            ok = True  # a whole error frame was read: the connection is fine
-            raise
-        finally:
-            if ok:
-                self.pool.release(address, sock)
-            else:
-                self.pool.discard(address, sock)
-
-    def _exchange(self, address: str, op: int, meta: bytes, data, receive):
-        """Send one request and hand the socket to ``receive`` for the response.
-
-        A pooled connection the server closed while idle is replaced by a
-        fresh one once; other failures propagate.
-        """
-        for attempt in (0, 1):
-            reused = False
-            watched = None
-            try:
-                with (
-                    self._connection(address, fresh=attempt == 1) as (sock, reused),
-                    self.stalls.watching(address, sock) as watched,
-                ):
-                    framing.send_frame(sock, op, meta, data)
-                    return receive(sock)
-            except (ConnectionError, framing.FrameError) as exc:
-                if (
-                    attempt == 0
-                    and reused
-                    and not isinstance(exc, framing.ChecksumError)
-                    and not (watched is not None and watched.cut)  # its server is down
-                ):
-                    continue
-                raise
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _recv_head(sock: socket.socket, expect_op: int):
-        header, meta, crcs = framing.recv_head(sock)
-        if header.op != expect_op:
-            raise framing.FrameError(f"unexpected response op {header.op:#x}")
-        if header.status != Status.OK:
-            if header.data_len:
-                framing.recv_exact(sock, header.data_len)
-            try:
-                err = data_pb2.ErrorResponse.FromString(meta)
-                message = err.message
-            except Exception:
-                message = ""
-            raise _Refused(header.status, message)
-        return header, meta, crcs
 
     @staticmethod
     def _read_request(
-        target: Target, chain: Chain, inode: int, index: int, offset: int, length: int
+        target: TargetView, chain: ChainView, inode: int, index: int, offset: int, length: int
     ) -> bytes:
         return data_pb2.ChunkReadRequest(
             chain_id=chain.chain_id,
@@ -453,12 +232,18 @@ class DataClient:
         ).SerializeToString()
 
     def _read_once(
-        self, target: Target, chain: Chain, inode: int, index: int, offset: int, out: memoryview
+        self,
+        target: TargetView,
+        chain: ChainView,
+        inode: int,
+        index: int,
+        offset: int,
+        out: memoryview,
     ) -> int:
         req = self._read_request(target, chain, inode, index, offset, len(out))
 
         def receive(sock):
-            header, meta, crcs = self._recv_head(sock, _READ_RESPONSE)
+            header, meta, crcs = wire.recv_answer(sock, Op.READ)
             resp = data_pb2.ChunkReadResponse.FromString(meta)
             n_data = header.data_len
             _check_answer(resp, inode, index, offset, n_data)
@@ -476,10 +261,10 @@ class DataClient:
             out[:n] = tmp[resp.skip : resp.skip + n]
             return n
 
-        return self._exchange(target.data_address, Op.READ, req, None, receive)
+        return wire.call(self.pool, target.data_address, Op.READ, req, receive=receive)
 
     # reads -------------------------------------------------------------------
-    def _replicas(self, chain: Chain) -> list[Target]:
+    def _replicas(self, chain: ChainView) -> list[TargetView]:
         """SERVING replicas, healthy and least loaded first, the tail last among equals."""
         serving = list(chain.serving)
         if not serving:
@@ -513,7 +298,7 @@ class DataClient:
         """
         if not len(out):
             return
-        seen: list[RoutingInfo | None] = [None]
+        seen: list[RoutingView | None] = [None]
         fatal: list[BaseException] = []
 
         def attempt() -> None:
@@ -528,17 +313,17 @@ class DataClient:
                     self._outstanding[address] += 1
                 try:
                     n = self._read_once(target, chain, inode, index, offset, out)
-                except _Refused as exc:
-                    if exc.status == Status.NOT_FOUND:
-                        missing += 1
-                        continue
+                except wire.ChunkNotFound:
+                    missing += 1
+                    continue
+                except wire.Refused as exc:
                     failures.append(f"{address}: {exc}")
-                    if exc.status == Status.BAD_REQUEST:
+                    if isinstance(exc, wire.BadRequest):
                         bad_requests += 1
                     continue
                 except (OSError, framing.FrameError) as exc:
                     # connection refused/reset, timeout, bad frame or checksum
-                    self._failed(address)
+                    self.pool.failed(address)
                     failures.append(f"{address}: {exc!r}")
                     continue
                 finally:
@@ -669,7 +454,7 @@ class DataClient:
             if not self._is_open(lane):
                 return
             del self._lanes[lane.address]
-        self._failed(lane.address)
+        self.pool.failed(lane.address)
         with contextlib.suppress(OSError):
             lane.sock.shutdown(socket.SHUT_RDWR)  # wakes a receiver blocked on it
         self.pool.discard(lane.address, lane.sock)
@@ -691,7 +476,7 @@ class DataClient:
         ``write_timeout``; then raises OSError(EIO).
         """
         request_id = self.ids.next()
-        seen: list[RoutingInfo | None] = [None]
+        seen: list[RoutingView | None] = [None]
         payload = memoryview(data).cast("B")
 
         def attempt() -> data_pb2.ChunkWriteResponse:
@@ -711,18 +496,15 @@ class DataClient:
                 request_id=request_id,
             ).SerializeToString()
 
-            def receive(sock):
-                _, meta, _ = self._recv_head(sock, _WRITE_RESPONSE)
-                return data_pb2.ChunkWriteResponse.FromString(meta)
-
             try:
-                return self._exchange(head.data_address, Op.WRITE, req, payload, receive)
-            except _Refused as exc:
-                if exc.status in framing.RETRYABLE or exc.status == Status.INTERNAL:
+                meta = wire.call(self.pool, head.data_address, Op.WRITE, req, payload)
+                return data_pb2.ChunkWriteResponse.FromString(meta)
+            except wire.Refused as exc:
+                if exc.retryable or isinstance(exc, wire.ServerError):
                     raise TransientError(f"{head.data_address}: {exc}") from None
                 raise OSError(errno.EIO, f"storage refused the write: {exc}") from None
             except (OSError, framing.FrameError) as exc:
-                self._failed(head.data_address)
+                self.pool.failed(head.data_address)
                 raise TransientError(f"{head.data_address}: {exc!r}") from None
 
         return self._retrying(attempt, seen, chain_id, "write", self.write_timeout, max_backoff=1.0)

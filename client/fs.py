@@ -25,7 +25,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from emberfs.client.datapath import ConnectionPool, DataClient
+from emberfs.client.datapath import DataClient
 from emberfs.client.file import (
     EmberFile,
     OpenHandle,
@@ -39,7 +39,9 @@ from emberfs.client.memory import keep_freed_memory
 from emberfs.client.meta import BATCH_OPEN, MetaClient, RequestIds
 from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.routing import RoutingCache
+from emberfs.common import wire
 from emberfs.common.layout import chunk_chain, chunk_spans
+from emberfs.common.stalls import live_addresses
 from emberfs.proto import common_pb2, meta_pb2
 
 DEFAULT_META = "127.0.0.1:9400"
@@ -72,11 +74,14 @@ class _Runtime:
         self.meta = MetaClient(
             fs.meta, timeout=fs.rpc_timeout, retry_timeout=fs.retry_timeout, ids=self.ids
         )
-        self.routing = RoutingCache(self.meta.routing)
-        self.pool = ConnectionPool(
+        routing = self.routing = RoutingCache(self.meta.routing)
+        self.pool = wire.ConnectionPool(
             connect_timeout=fs.connect_timeout,
             io_timeout=fs.io_timeout,
             max_per_address=fs.max_connections,
+            # the servers the metaserver counts as up now (asked while a transfer stalls)
+            live=lambda: live_addresses(routing.refresh(routing.get()).targets.values()),
+            stall_check=fs.stall_check,
         )
         self.data = DataClient(
             self.routing,
@@ -84,7 +89,6 @@ class _Runtime:
             self.pool,
             read_timeout=fs.read_timeout,
             write_timeout=fs.write_timeout,
-            stall_check=fs.stall_check,
         )
         self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
         # readahead block buffers, reused so a long read does not fault in fresh memory
@@ -99,7 +103,6 @@ class _Runtime:
         self.leases.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.blocks.clear()
-        self.data.close()
         self.pool.close()
         self.meta.close()
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from emberfs.common import layout as layout_rules
+from emberfs.common import wire
 from emberfs.common.addresses import join_address, split_address
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver import service as meta_service
@@ -113,7 +114,9 @@ def build_namespace(
     return Namespace(
         engine,
         chain_table=cluster.chain_table,
-        truncate_chunks=partial(truncate_chunks, cluster),
+        truncate_chunks=partial(
+            truncate_chunks, cluster, pool=wire.ConnectionPool(max_per_address=None)
+        ),
         usage=cluster.usage,
         default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
         session_timeout=args.session_timeout,

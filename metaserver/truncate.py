@@ -9,59 +9,54 @@ head applies it and forwards it down the chain like a write.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import secrets
-import socket
 import time
 
-from emberfs.common import errors, framing
-from emberfs.common.addresses import split_address
-from emberfs.common.framing import Op, Status
+from emberfs.common import errors, framing, wire
+from emberfs.common.framing import Op
+from emberfs.common.routing import RoutingView
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.proto import common_pb2, data_pb2
 
 CLIENT_ID = "metaserver"
 _request_ids = itertools.count(secrets.randbits(62))
-_RETRY_STATUSES = framing.RETRYABLE
 
 
 class _Retry(Exception):
     """This attempt failed in a way a later attempt (with fresh routing) may not."""
 
 
-def _head_address(routing: common_pb2.RoutingInfo, chain_id: int) -> tuple[int, int, str]:
-    """(chain version, head target id, head data address) of a chain."""
-    chain = next((c for c in routing.chains if c.chain_id == chain_id), None)
+def _send(
+    pool: wire.ConnectionPool,
+    routing: RoutingView,
+    request: data_pb2.ChunkTruncateRequest,
+    timeout: float,
+) -> int:
+    """Send the truncation to the chain's head; the number of chunks it cut there."""
+    chain = routing.chains.get(request.chain_id)
     if chain is None:
-        raise errors.Internal(f"the file's chain {chain_id} does not exist")
-    targets = {t.target_id: t for t in routing.targets}
-    for tid in chain.targets:
-        info = targets.get(tid)
-        if info is not None and info.state == common_pb2.SERVING:
-            return chain.version, tid, info.data_address
-    raise _Retry(f"chain {chain_id} has no serving target")
-
-
-def _send(address: str, request: data_pb2.ChunkTruncateRequest, timeout: float) -> int:
+        raise errors.Internal(f"the file's chain {request.chain_id} does not exist")
+    head = chain.head
+    if head is None:
+        raise _Retry(f"chain {request.chain_id} has no serving target")
+    request.chain_version = chain.version
+    request.target_id = head.target_id
     try:
-        with socket.create_connection(split_address(address), timeout=timeout) as sock:
-            framing.send_frame(sock, Op.TRUNCATE, request.SerializeToString())
-            frame = framing.recv_frame(sock)
+        meta = wire.call(
+            pool, head.data_address, Op.TRUNCATE, request.SerializeToString(), timeout=timeout
+        )
+    except wire.Refused as exc:
+        message = f"truncate on chain {request.chain_id} at {head.data_address}: {exc}"
+        if exc.retryable:
+            raise _Retry(message) from None
+        if isinstance(exc, wire.BadRequest):
+            raise errors.InvalidArgument(message) from None
+        raise errors.Internal(message) from None
     except (OSError, framing.FrameError) as exc:
-        raise _Retry(f"{address}: {exc}") from exc
-    if frame.header.op != Op.TRUNCATE | framing.RESPONSE:
-        raise _Retry(f"{address} answered op {frame.header.op:#x} to a truncate")
-    if frame.header.status == Status.OK:
-        return data_pb2.ChunkTruncateResponse.FromString(frame.meta).chunks
-    err = data_pb2.ErrorResponse.FromString(frame.meta)
-    message = f"truncate on chain {request.chain_id} at {address}: " + (
-        f"{framing.status_name(frame.header.status)} {err.message}"
-    )
-    if frame.header.status in _RETRY_STATUSES:
-        raise _Retry(message)
-    if frame.header.status == Status.BAD_REQUEST:
-        raise errors.InvalidArgument(message)
-    raise errors.Internal(message)
+        raise _Retry(f"{head.data_address}: {exc}") from exc
+    return data_pb2.ChunkTruncateResponse.FromString(meta).chunks
 
 
 def truncate_chunks(
@@ -69,6 +64,7 @@ def truncate_chunks(
     attr: common_pb2.InodeAttr,
     length: int,
     *,
+    pool: wire.ConnectionPool | None = None,
     timeout: float = 10.0,
 ) -> None:
     """Cut the chunks of the file ``attr`` to ``length`` bytes on every replica.
@@ -87,6 +83,9 @@ def truncate_chunks(
         The file (its inode id and layout).
     length : int
         The new length in bytes.
+    pool : wire.ConnectionPool, optional
+        Connections to the storage servers (kept between calls by the
+        metaserver); without it the call opens its own.
     timeout : float, default 10.0
         Seconds to keep retrying in all.
 
@@ -101,6 +100,10 @@ def truncate_chunks(
     """
     if length < 0:
         raise errors.InvalidArgument(f"negative length {length}")
+    if pool is None:
+        with contextlib.closing(wire.ConnectionPool(max_per_address=None)) as own:
+            truncate_chunks(cluster, attr, length, pool=own, timeout=timeout)
+        return
     layout = attr.layout
     deadline = time.monotonic() + timeout
     for position, chain_id in enumerate(layout.chains):
@@ -117,11 +120,9 @@ def truncate_chunks(
         delay = 0.02
         while True:
             try:
-                version, head, address = _head_address(cluster.routing(), chain_id)
-                request.chain_version = version
-                request.target_id = head
+                routing = RoutingView.from_proto(cluster.routing())
                 remaining = max(0.1, deadline - time.monotonic())
-                _send(address, request, min(remaining, 5.0))
+                _send(pool, routing, request, min(remaining, 5.0))
                 break
             except _Retry as exc:
                 now = time.monotonic()

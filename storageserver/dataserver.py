@@ -26,215 +26,16 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from emberfs.common import framing
-from emberfs.common.addresses import split_address
+from emberfs.common import framing, wire
 from emberfs.common.framing import Op, Status
-from emberfs.common.stalls import StallWatch, live_addresses
+from emberfs.common.routing import RoutingView
+from emberfs.common.stalls import live_addresses
 from emberfs.proto import data_pb2
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore, VersionConflict
 
 log = logging.getLogger(__name__)
-
-
-class ConnectionPool:
-    """Idle data-protocol connections to other servers, kept per address.
-
-    Parameters
-    ----------
-    connect_timeout : float, default 5
-    io_timeout : float, default 30
-        Socket timeout while a request is in flight.
-    max_idle : int, default 8
-        Idle connections kept per address.
-    stalls : StallWatch, optional
-        Watches every exchange, so that one waiting on a server the cluster
-        has declared offline ends without waiting out ``io_timeout``.
-    """
-
-    def __init__(
-        self,
-        connect_timeout: float = 5.0,
-        io_timeout: float = 30.0,
-        max_idle: int = 8,
-        stalls: StallWatch | None = None,
-    ):
-        self.connect_timeout = connect_timeout
-        self.io_timeout = io_timeout
-        self.max_idle = max_idle
-        self.stalls = stalls
-        self._idle: dict[str, list[socket.socket]] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def get(self, address: str) -> tuple[socket.socket, bool]:
-        """A connection to ``address`` and whether it was reused from the pool."""
-        with self._lock:
-            idle = self._idle.get(address)
-            if idle:
-                return idle.pop(), True
-        host, port = split_address(address)
-        sock = socket.create_connection((host, port), timeout=self.connect_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.io_timeout)
-        return sock, False
-
-    def put(self, address: str, sock: socket.socket) -> None:
-        """Return a healthy connection (one with no unread bytes) to the pool."""
-        with self._lock:
-            idle = self._idle.setdefault(address, [])
-            if not self._closed and len(idle) < self.max_idle:
-                idle.append(sock)
-                return
-        sock.close()
-
-    def watch(self, address: str, sock: socket.socket) -> int | None:
-        """Start watching an exchange on ``sock``; the key for :meth:`unwatch`."""
-        return self.stalls.add(address, sock) if self.stalls is not None else None
-
-    def unwatch(self, key: int | None) -> bool:
-        """The exchange is over; whether the stall watch cut it."""
-        return self.stalls.remove(key) if key is not None and self.stalls is not None else False
-
-    def discard(self, address: str) -> None:
-        """Close every idle connection to ``address`` (its server went away)."""
-        with self._lock:
-            idle = self._idle.pop(address, [])
-        for sock in idle:
-            sock.close()
-
-    def close(self) -> None:
-        if self.stalls is not None:
-            self.stalls.stop()
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, {}
-        for socks in idle.values():
-            for sock in socks:
-                sock.close()
-
-
-def _answer(
-    pool: ConnectionPool, address: str, sock: socket.socket, op: int, frame: framing.Frame
-) -> tuple[int, str, bytes]:
-    if frame.header.op != op | framing.RESPONSE:
-        sock.close()
-        return Status.NOT_SERVING, f"{address}: unexpected answer op {frame.header.op}", b""
-    pool.put(address, sock)
-    status = frame.header.status
-    if status == Status.OK:
-        return Status.OK, "", frame.meta
-    try:
-        return status, data_pb2.ErrorResponse.FromString(frame.meta).message, frame.meta
-    except DecodeError:
-        return status, "", frame.meta
-
-
-class _NotSent(Exception):
-    """An :class:`Exchange` could not connect or send; the connection is closed."""
-
-    def __init__(
-        self, error: Exception, *, connected: bool, reused: bool = False, cut: bool = False
-    ):
-        super().__init__(str(error))
-        self.error = error
-        self.connected = connected
-        self.reused = reused  # the connection came from the pool
-        self.cut = cut  # the stall watch cut it: its server is down
-
-
-class Exchange:
-    """A request sent on a pooled connection whose answer is collected later.
-
-    Sending first and reading the answer after some local work (staging the
-    update) overlaps the two. A failure on a reused connection (its server
-    restarted) drops the address's idle connections and the request is sent
-    again on a new one when :meth:`result` is called; receivers of forwarded
-    requests are idempotent.
-    """
-
-    def __init__(self, pool: ConnectionPool, address: str, op: int, meta: bytes, data, kwargs):
-        self._args = (pool, address, op, meta, data, kwargs)
-        self._sock: socket.socket | None = None
-        self._key: int | None = None  # of the pool's stall watch, from send to answer
-        self._failed = ""
-        self._resend = False
-        try:
-            self._sock, self._reused, self._key = self._send()
-        except _NotSent as exc:
-            if exc.reused and not exc.cut:
-                pool.discard(address)
-                self._resend = True
-            elif exc.connected:
-                self._failed = f"{address}: {exc.error}"
-            else:
-                self._failed = f"cannot connect to {address}: {exc.error}"
-
-    def _send(self) -> tuple[socket.socket, bool, int | None]:
-        """A connection with the request sent on it, whether it was reused, and its watch key.
-
-        Raises :class:`_NotSent` (the connection closed) when connecting or sending fails.
-        """
-        pool, address, op, meta, data, kwargs = self._args
-        try:
-            sock, reused = pool.get(address)
-        except OSError as exc:
-            raise _NotSent(exc, connected=False) from None
-        key = pool.watch(address, sock)
-        try:
-            framing.send_frame(sock, op, meta, data, **kwargs)
-        except (OSError, framing.FrameError) as exc:
-            cut = pool.unwatch(key)
-            sock.close()
-            raise _NotSent(exc, connected=True, reused=reused, cut=cut) from None
-        return sock, reused, key
-
-    def _send_again(self) -> tuple[int, str, bytes]:
-        try:
-            sock, _, key = self._send()
-        except _NotSent as exc:
-            return Status.NOT_SERVING, f"cannot reach {self._args[1]}: {exc.error}", b""
-        return self._receive(sock, False, key)
-
-    def _receive(
-        self, sock: socket.socket, reused: bool, key: int | None
-    ) -> tuple[int, str, bytes]:
-        pool, address, op, *_ = self._args
-        try:
-            frame = framing.recv_frame(sock)
-        except (OSError, framing.FrameError) as exc:
-            cut = pool.unwatch(key)
-            sock.close()
-            if reused and not cut:
-                pool.discard(address)
-                return self._send_again()
-            return Status.NOT_SERVING, f"{address}: {exc}", b""
-        pool.unwatch(key)
-        return _answer(pool, address, sock, op, frame)
-
-    def result(self) -> tuple[int, str, bytes]:
-        """``(status, message, response meta)``; a transport failure gives NOT_SERVING."""
-        if self._failed:
-            return Status.NOT_SERVING, self._failed, b""
-        if self._resend:
-            return self._send_again()
-        sock, self._sock = self._sock, None
-        return self._receive(sock, self._reused, self._key)
-
-    def abandon(self) -> None:
-        """Drop the connection without reading the answer."""
-        if self._sock is not None:
-            self._args[0].unwatch(self._key)
-            self._sock.close()
-            self._sock = None
-
-
-def call(
-    pool: ConnectionPool, address: str, op: int, meta: bytes, data=None, **send_kwargs
-) -> tuple[int, str, bytes]:
-    """One request/response exchange on a pooled connection (see :class:`Exchange`)."""
-    return Exchange(pool, address, op, meta, data, send_kwargs).result()
 
 
 class _RWLock:
@@ -364,7 +165,7 @@ class DataServer:
     stores : callable
         Returns the current ``{target_id: ChunkStore}`` of local targets.
     routing : callable
-        Returns the node's newest :class:`~emberfs.storageserver.replication.RoutingView`.
+        Returns the node's newest :class:`~emberfs.common.routing.RoutingView`.
     max_connections : int, default 256
         Connections beyond this get a BUSY error and are closed.
     idle_timeout : float, default 30
@@ -387,7 +188,7 @@ class DataServer:
         port: int,
         *,
         stores: Callable[[], Mapping[int, ChunkStore]],
-        routing: Callable[[], rp.RoutingView],
+        routing: Callable[[], RoutingView],
         max_connections: int = 256,
         idle_timeout: float = 30.0,
         frame_timeout: float = 10.0,
@@ -401,13 +202,12 @@ class DataServer:
         self.idle_timeout = idle_timeout
         self.frame_timeout = frame_timeout
         self._on_stale = on_stale
-        self._pool = ConnectionPool(
+        self._pool = wire.ConnectionPool(
             io_timeout=forward_timeout,
-            stalls=StallWatch(
-                lambda: live_addresses(self._routing().targets.values()),
-                stall_check,
-                on_abandon=self._left,
-            ),
+            max_per_address=None,
+            max_idle=8,
+            live=lambda: live_addresses(self._routing().targets.values()),
+            stall_check=stall_check,
         )
         self._results = rp.ResultCache()
         self._chunk_locks = _LockTable(threading.Lock)
@@ -427,10 +227,6 @@ class DataServer:
         self._listener.listen(512)
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._thread: threading.Thread | None = None
-
-    def _left(self, address: str) -> None:
-        """A forward to ``address`` was cut: drop its idle connections too."""
-        self._pool.discard(address)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -495,7 +291,7 @@ class DataServer:
             if full:
                 with contextlib.suppress(OSError):
                     sock.settimeout(1.0)
-                    framing.send_error(sock, Op.PING, Status.BUSY, "too many connections")
+                    wire.send_refusal(sock, Op.PING, wire.Busy("too many connections"))
                 sock.close()
                 continue
             threading.Thread(
@@ -551,7 +347,7 @@ class DataServer:
                     framing.verify(frame.data, frame.crcs, frame.header.block_size)
                 except framing.ChecksumError as exc:
                     metrics.CHECKSUM_ERRORS.labels(_target_of(frame)).inc()
-                    return self._error(conn, op, rp.Reject(Status.CHECKSUM, str(exc)))
+                    return self._error(conn, op, wire.ChecksumMismatch(str(exc)))
             if op == Op.READ:
                 self._read(conn, data_pb2.ChunkReadRequest.FromString(frame.meta))
             elif op == Op.WRITE:
@@ -561,40 +357,34 @@ class DataServer:
             elif op == Op.PING:
                 self._respond(conn, op, b"")
             else:
-                return self._error(conn, op, rp.Reject(Status.BAD_REQUEST, f"unknown op {op}"))
+                return self._error(conn, op, wire.BadRequest(f"unknown op {op}"))
             return True
         except DecodeError as exc:
-            return self._error(conn, op, rp.Reject(Status.BAD_REQUEST, f"bad request: {exc}"))
+            return self._error(conn, op, wire.BadRequest(f"bad request: {exc}"))
         except (OSError, framing.FrameError) as exc:
             if conn.responding:
                 log.info("connection to %s lost while answering: %s", conn.peer, exc)
                 return False
             log.exception("request from %s failed", conn.peer)
-            return self._error(conn, op, rp.Reject(Status.INTERNAL, f"{type(exc).__name__}: {exc}"))
+            return self._error(conn, op, wire.ServerError(f"{type(exc).__name__}: {exc}"))
         except Exception as exc:
             log.exception("request from %s failed", conn.peer)
             if conn.responding:
                 return False
-            return self._error(conn, op, rp.Reject(Status.INTERNAL, f"{type(exc).__name__}: {exc}"))
+            return self._error(conn, op, wire.ServerError(f"{type(exc).__name__}: {exc}"))
 
     def _respond(self, conn: _Conn, op: int, meta: bytes) -> None:
         conn.responding = True
         conn.status = Status.OK
         framing.send_frame(conn.sock, op | framing.RESPONSE, meta)
 
-    def _error(self, conn: _Conn, op: int, reject: rp.Reject) -> bool:
+    def _error(self, conn: _Conn, op: int, reject: wire.Refused) -> bool:
         if reject.status == Status.STALE_CHAIN and self._on_stale is not None:
             self._on_stale()
         conn.responding = True
         conn.status = reject.status
         try:
-            framing.send_error(
-                conn.sock,
-                op,
-                reject.status,
-                reject.message,
-                routing_version=self._routing().version,
-            )
+            wire.send_refusal(conn.sock, op, reject, self._routing().version)
         except OSError:
             return False
         return True
@@ -615,12 +405,12 @@ class DataServer:
             except KeyError:
                 meta = store.meta(inode, index)
                 plan = rp.plan_read(meta, req.offset, req.length, store.block_size)
-                if isinstance(plan, rp.Reject):
+                if isinstance(plan, wire.Refused):
                     self._error(conn, Op.READ, plan)
                     return
                 fd, meta = stack.enter_context(store.committed_file(inode, index))
             plan = rp.plan_read(meta, req.offset, req.length, store.block_size)
-            if isinstance(plan, rp.Reject):
+            if isinstance(plan, wire.Refused):
                 self._error(conn, Op.READ, plan)
                 return
             crcs = meta.crcs[plan.crc_first : plan.crc_first + plan.crc_count]
@@ -650,7 +440,7 @@ class DataServer:
         stores = self._stores()
         data = frame.data if frame.data is not None else memoryview(b"")
         role = rp.check_write(self._routing(), stores.keys(), req, len(data))
-        if isinstance(role, rp.Reject):
+        if isinstance(role, wire.Refused):
             self._error(conn, Op.WRITE, role)
             return
         store = stores[req.target_id]
@@ -675,9 +465,9 @@ class DataServer:
                 result = data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
             else:
                 result = self._apply_write(store, req, role, data, frame)
-                if idem and not isinstance(result, rp.Reject):
+                if idem and not isinstance(result, wire.Refused):
                     self._results.put(idem, result)
-        if isinstance(result, rp.Reject):
+        if isinstance(result, wire.Refused):
             self._error(conn, Op.WRITE, result)
         else:
             self._respond(conn, Op.WRITE, result.SerializeToString())
@@ -700,7 +490,7 @@ class DataServer:
         role: rp.WriteRole,
         data: memoryview,
         frame: framing.Frame,
-    ) -> rp.Reject | data_pb2.ChunkWriteResponse:
+    ) -> wire.Refused | data_pb2.ChunkWriteResponse:
         """Forward down the chain while staging locally, then commit (the chunk lock is held).
 
         The update goes to the successor before it is staged here, so both
@@ -720,7 +510,7 @@ class DataServer:
             if action == rp.Apply.ALREADY:
                 return data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
             if action == rp.Apply.NEED_FULL:
-                return rp.Reject(Status.NOT_COMMITTED, rp.NEED_FULL_CHUNK)
+                return wire.NotCommitted(rp.NEED_FULL_CHUNK)
             version, full = req.update_version, action == rp.Apply.FULL
         update = _Update(req, role, data, frame, version, committed, full)
         exchange = None
@@ -745,9 +535,9 @@ class DataServer:
                 exchange.abandon()
                 self._set_floor(key, version)
             if isinstance(exc, VersionConflict):
-                return rp.Reject(Status.STALE_CHAIN, str(exc))
+                return wire.StaleChain(str(exc))
             if isinstance(exc, ValueError):
-                return rp.Reject(Status.BAD_REQUEST, str(exc))
+                return wire.BadRequest(str(exc))
             raise
         try:
             reject = self._await_update(store, update, exchange) if exchange else None
@@ -765,7 +555,7 @@ class DataServer:
             self._set_floor(key, None)
         return data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
 
-    def _send_update(self, store: ChunkStore, u: _Update) -> Exchange:
+    def _send_update(self, store: ChunkStore, u: _Update) -> wire.Call:
         """Send a staged (or about to be staged) update to the successor."""
         req = u.req
         if u.send_full and not u.full:
@@ -787,20 +577,33 @@ class DataServer:
             base_version=u.committed,
             full_chunk=u.send_full,
         )
-        return Exchange(
+        return wire.Call(
             self._pool,
             u.role.successor.data_address,
             Op.WRITE,
             fwd.SerializeToString(),
             payload if len(payload) else None,
-            kwargs,
+            **kwargs,
         )
 
-    def _await_update(self, store: ChunkStore, u: _Update, exchange: Exchange) -> rp.Reject | None:
+    @staticmethod
+    def _reply(exchange: wire.Call) -> tuple[int, str]:
+        """A successor's answer as (status, message); a failed exchange is NOT_SERVING."""
+        try:
+            exchange.result()
+        except wire.Refused as exc:
+            return exc.status, exc.message
+        except (OSError, framing.FrameError) as exc:
+            return Status.NOT_SERVING, f"{exchange.address}: {exc}"
+        return Status.OK, ""
+
+    def _await_update(
+        self, store: ChunkStore, u: _Update, exchange: wire.Call
+    ) -> wire.Refused | None:
         """The successor's answer: None once it holds the update, else the upstream refusal."""
         succ = u.role.successor
         while True:
-            status, message, _ = exchange.result()
+            status, message = self._reply(exchange)
             metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
             outcome, upstream = rp.interpret_reply(status, message, u.send_full)
             if outcome == rp.Reply.OK:
@@ -811,7 +614,7 @@ class DataServer:
                 continue
             if status == Status.STALE_CHAIN and self._on_stale is not None:
                 self._on_stale()
-            return rp.Reject(
+            return wire.refusal(
                 upstream,
                 f"successor target {succ.target_id}: {framing.status_name(status)} {message}",
             )
@@ -821,7 +624,7 @@ class DataServer:
     def _truncate(self, conn: _Conn, req: data_pb2.ChunkTruncateRequest) -> None:
         stores = self._stores()
         role = rp.check_truncate(self._routing(), stores.keys(), req)
-        if isinstance(role, rp.Reject):
+        if isinstance(role, wire.Refused):
             self._error(conn, Op.TRUNCATE, role)
             return
         store = stores[req.target_id]
@@ -832,16 +635,16 @@ class DataServer:
             result = self._results.get(idem) if idem else None
             if result is None:
                 result = self._apply_truncate(store, req, role)
-                if idem and not isinstance(result, rp.Reject):
+                if idem and not isinstance(result, wire.Refused):
                     self._results.put(idem, result)
-        if isinstance(result, rp.Reject):
+        if isinstance(result, wire.Refused):
             self._error(conn, Op.TRUNCATE, result)
         else:
             self._respond(conn, Op.TRUNCATE, result.SerializeToString())
 
     def _apply_truncate(
         self, store: ChunkStore, req: data_pb2.ChunkTruncateRequest, role: rp.WriteRole
-    ) -> rp.Reject | data_pb2.ChunkTruncateResponse:
+    ) -> wire.Refused | data_pb2.ChunkTruncateResponse:
         chunks: list[tuple[int, int]] = []
         after = None
         while True:
@@ -862,12 +665,14 @@ class DataServer:
                 store.commit(req.inode, step.index, version)
         if role.successor is not None:
             fwd = rp.forward_truncate(req, role.successor)
-            status, message, _ = call(
-                self._pool, role.successor.data_address, Op.TRUNCATE, fwd.SerializeToString()
+            status, message = self._reply(
+                wire.Call(
+                    self._pool, role.successor.data_address, Op.TRUNCATE, fwd.SerializeToString()
+                )
             )
             if status != Status.OK:
                 outcome, upstream = rp.interpret_reply(status, message, True)
-                return rp.Reject(
+                return wire.refusal(
                     upstream,
                     f"successor target {role.successor.target_id}: "
                     f"{framing.status_name(status)} {message}",

@@ -29,6 +29,7 @@ from pathlib import Path
 import grpc
 
 from emberfs.common.addresses import join_address, split_address
+from emberfs.common.routing import RoutingView
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
@@ -148,7 +149,7 @@ class Node:
         self.grpc_listen_address = ""
         self._stores: dict[int, ChunkStore] = {}
         self._local: list[ChunkStore] = []
-        self._view = rp.RoutingView()
+        self._view = RoutingView()
         self._view_lock = threading.Lock()
         self._have_routing = False
         self._target_ids: list[int] = []
@@ -170,7 +171,7 @@ class Node:
         return self._stores
 
     @property
-    def routing(self) -> rp.RoutingView:
+    def routing(self) -> RoutingView:
         """The newest routing view the node knows."""
         return self._view
 
@@ -179,7 +180,7 @@ class Node:
         with self._view_lock:
             if self._have_routing and routing.version <= self._view.version:
                 return False
-            self._view = rp.RoutingView.from_proto(routing)
+            self._view = RoutingView.from_proto(routing)
             self._have_routing = True
             return True
 

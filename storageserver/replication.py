@@ -29,17 +29,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from emberfs.common import framing, layout
+from emberfs.common import framing, layout, wire
 from emberfs.common.framing import Status
-from emberfs.proto import common_pb2, data_pb2
-
-SERVING = common_pb2.SERVING
-SYNCING = common_pb2.SYNCING
-WRITABLE_STATES = frozenset({SERVING, SYNCING})
+from emberfs.common.routing import (
+    SERVING,
+    SYNCING,
+    WRITABLE_STATES,
+    ChainView,
+    RoutingView,
+    TargetView,
+)
+from emberfs.proto import data_pb2
 
 #: Message of the NOT_COMMITTED answer that asks the sender of a forwarded
 #: partial update to resend the whole new chunk content.
@@ -59,133 +63,21 @@ class ChunkMetaLike(Protocol):
 
 
 # ----------------------------------------------------------------------------
-# routing view
-
-
-@dataclass(frozen=True, slots=True)
-class TargetView:
-    """One storage target as the routing information describes it."""
-
-    target_id: int
-    node_id: str = ""
-    data_address: str = ""
-    grpc_address: str = ""
-    state: int = SERVING
-    chain_id: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ChainView:
-    """One chain: its version and its targets in chain order (head first)."""
-
-    chain_id: int
-    version: int
-    targets: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class RoutingView:
-    """An immutable snapshot of the cluster's routing information.
-
-    Parameters
-    ----------
-    version : int
-        Routing version (bumps on every change).
-    targets : Mapping[int, TargetView]
-        Every known target by id.
-    chains : Mapping[int, ChainView]
-        Every chain by id.
-    """
-
-    version: int = 0
-    targets: Mapping[int, TargetView] = field(default_factory=dict)
-    chains: Mapping[int, ChainView] = field(default_factory=dict)
-
-    @classmethod
-    def from_proto(cls, routing: common_pb2.RoutingInfo) -> RoutingView:
-        """Build a view from a ``RoutingInfo`` message."""
-        targets = {
-            t.target_id: TargetView(
-                t.target_id, t.node_id, t.data_address, t.grpc_address, t.state, t.chain_id
-            )
-            for t in routing.targets
-        }
-        chains = {
-            c.chain_id: ChainView(c.chain_id, c.version, tuple(c.targets)) for c in routing.chains
-        }
-        return cls(routing.version, targets, chains)
-
-    def state(self, target_id: int) -> int:
-        """The public state of a target (TARGET_STATE_UNSPECIFIED if unknown)."""
-        t = self.targets.get(target_id)
-        return t.state if t is not None else common_pb2.TARGET_STATE_UNSPECIFIED
-
-    def chain_of(self, target_id: int) -> int:
-        """The chain a target belongs to (0 if none)."""
-        for chain in self.chains.values():
-            if target_id in chain.targets:
-                return chain.chain_id
-        t = self.targets.get(target_id)
-        return t.chain_id if t is not None else 0
-
-    def write_chain(self, chain_id: int) -> list[int]:
-        """The targets of a chain that take writes (SERVING or SYNCING), in order."""
-        chain = self.chains.get(chain_id)
-        if chain is None:
-            return []
-        return [t for t in chain.targets if self.state(t) in WRITABLE_STATES]
-
-    def head(self, chain_id: int) -> int | None:
-        """The chain's head, or None when its first writable target is not SERVING."""
-        wc = self.write_chain(chain_id)
-        if wc and self.state(wc[0]) == SERVING:
-            return wc[0]
-        return None
-
-    def successor(self, chain_id: int, target_id: int) -> TargetView | None:
-        """The next writable target after ``target_id`` (None at the tail)."""
-        wc = self.write_chain(chain_id)
-        if target_id not in wc:
-            return None
-        i = wc.index(target_id)
-        if i + 1 < len(wc):
-            return self.targets[wc[i + 1]]
-        return None
-
-    def predecessor(self, chain_id: int, target_id: int) -> TargetView | None:
-        """The writable target before ``target_id`` (None at the head)."""
-        wc = self.write_chain(chain_id)
-        if target_id not in wc:
-            return None
-        i = wc.index(target_id)
-        return self.targets[wc[i - 1]] if i > 0 else None
-
-
-# ----------------------------------------------------------------------------
 # decisions
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """Refuse a request with a framing status and a message."""
-
-    status: Status
-    message: str
 
 
 def _chain_checks(
     view: RoutingView, local: Iterable[int], target_id: int, chain_id: int, chain_version: int
-) -> Reject | ChainView:
+) -> wire.Refused | ChainView:
     if target_id not in set(local):
-        return Reject(Status.NOT_SERVING, f"target {target_id} is not on this node")
+        return wire.NotServing(f"target {target_id} is not on this node")
     chain = view.chains.get(chain_id)
     if chain is None:
-        return Reject(Status.STALE_CHAIN, f"chain {chain_id} is unknown at routing {view.version}")
-    if target_id not in chain.targets:
-        return Reject(Status.NOT_SERVING, f"target {target_id} is not in chain {chain_id}")
+        return wire.StaleChain(f"chain {chain_id} is unknown at routing {view.version}")
+    if target_id not in chain.target_ids:
+        return wire.NotServing(f"target {target_id} is not in chain {chain_id}")
     if chain_version and chain_version != chain.version:
-        return Reject(
-            Status.STALE_CHAIN,
+        return wire.StaleChain(
             f"chain {chain_id} is at version {chain.version}, request has {chain_version}",
         )
     return chain
@@ -193,19 +85,19 @@ def _chain_checks(
 
 def check_read(
     view: RoutingView, local: Iterable[int], req: data_pb2.ChunkReadRequest
-) -> Reject | None:
+) -> wire.Refused | None:
     """May ``req.target_id`` serve this read? None when it may."""
     if req.chunk.inode == 0:
-        return Reject(Status.BAD_REQUEST, "inode 0 is invalid")
+        return wire.BadRequest("inode 0 is invalid")
     if req.offset + req.length > MAX_CHUNK_END:
-        return Reject(Status.BAD_REQUEST, "read range exceeds the largest chunk size")
+        return wire.BadRequest("read range exceeds the largest chunk size")
     if req.length > framing.MAX_DATA:
-        return Reject(Status.BAD_REQUEST, "read length exceeds the frame limit")
+        return wire.BadRequest("read length exceeds the frame limit")
     chain = _chain_checks(view, local, req.target_id, req.chain_id, req.chain_version)
-    if isinstance(chain, Reject):
+    if isinstance(chain, wire.Refused):
         return chain
     if view.state(req.target_id) != SERVING:
-        return Reject(Status.NOT_SERVING, f"target {req.target_id} is not serving")
+        return wire.NotServing(f"target {req.target_id} is not serving")
     return None
 
 
@@ -234,15 +126,15 @@ class ReadPlan:
 
 def plan_read(
     meta: ChunkMetaLike | None, offset: int, length: int, block_size: int
-) -> Reject | ReadPlan:
+) -> wire.Refused | ReadPlan:
     """Widen a read of ``[offset, offset+length)`` to whole CRC blocks of the committed chunk.
 
     A range past the chunk's end yields the bytes that exist (possibly none).
     """
     if meta is None:
-        return Reject(Status.NOT_FOUND, "chunk not found")
+        return wire.ChunkNotFound("chunk not found")
     if meta.pending_version:
-        return Reject(Status.NOT_COMMITTED, f"version {meta.pending_version} is pending")
+        return wire.NotCommitted(f"version {meta.pending_version} is pending")
     chunk_length = meta.length
     end = min(offset + length, chunk_length)
     if offset >= end:
@@ -252,7 +144,7 @@ def plan_read(
     first = start // block_size
     count = framing.n_blocks(stop - start, block_size)
     if first + count > len(meta.crcs):
-        return Reject(Status.INTERNAL, "the chunk's CRC table is shorter than its length")
+        return wire.ServerError("the chunk's CRC table is shorter than its length")
     return ReadPlan(meta.version, chunk_length, start, stop - start, offset - start, first, count)
 
 
@@ -275,47 +167,46 @@ class WriteRole:
 
 def check_write(
     view: RoutingView, local: Iterable[int], req: data_pb2.ChunkWriteRequest, data_len: int
-) -> Reject | WriteRole:
+) -> wire.Refused | WriteRole:
     """Validate a write request and decide this target's role in it."""
     if req.chunk.inode == 0:
-        return Reject(Status.BAD_REQUEST, "inode 0 is invalid")
+        return wire.BadRequest("inode 0 is invalid")
     if req.sync:
         # A resync copy carries the chunk's content; its chunk_size only bounds it.
         if data_len > min(req.chunk_size, MAX_CHUNK_END):
-            return Reject(Status.BAD_REQUEST, "the copy is larger than its chunk size")
+            return wire.BadRequest("the copy is larger than its chunk size")
     else:
         try:
             layout.validate_chunk_size(req.chunk_size)
         except ValueError as exc:
-            return Reject(Status.BAD_REQUEST, str(exc))
+            return wire.BadRequest(str(exc))
     if req.offset + data_len > req.chunk_size:
-        return Reject(Status.BAD_REQUEST, "the write crosses the chunk's end")
+        return wire.BadRequest("the write crosses the chunk's end")
     if req.sync or req.full_chunk:
         if req.offset:
-            return Reject(Status.BAD_REQUEST, "a full-chunk write starts at offset 0")
+            return wire.BadRequest("a full-chunk write starts at offset 0")
         if req.update_version == 0:
-            return Reject(Status.BAD_REQUEST, "full-chunk and sync writes carry a version")
+            return wire.BadRequest("full-chunk and sync writes carry a version")
     elif data_len == 0:
-        return Reject(Status.BAD_REQUEST, "empty write")
+        return wire.BadRequest("empty write")
     chain = _chain_checks(view, local, req.target_id, req.chain_id, 0)
-    if isinstance(chain, Reject):
+    if isinstance(chain, wire.Refused):
         return chain
     if req.chain_version != chain.version:
-        return Reject(
-            Status.STALE_CHAIN,
+        return wire.StaleChain(
             f"chain {chain.chain_id} is at version {chain.version}, request has {req.chain_version}",
         )
     state = view.state(req.target_id)
     if req.update_version == 0:
         if view.head(req.chain_id) != req.target_id:
-            return Reject(Status.NOT_SERVING, f"target {req.target_id} is not the chain head")
+            return wire.NotServing(f"target {req.target_id} is not the chain head")
         return WriteRole(
             WriteKind.CLIENT, chain.version, view.successor(req.chain_id, req.target_id)
         )
     if state not in WRITABLE_STATES:
-        return Reject(Status.NOT_SERVING, f"target {req.target_id} takes no writes")
+        return wire.NotServing(f"target {req.target_id} takes no writes")
     if view.predecessor(req.chain_id, req.target_id) is None:
-        return Reject(Status.NOT_SERVING, f"target {req.target_id} has no predecessor")
+        return wire.NotServing(f"target {req.target_id} has no predecessor")
     if req.sync:
         return WriteRole(WriteKind.SYNC, chain.version, None)
     return WriteRole(
@@ -421,35 +312,34 @@ def overlay(base: bytes | memoryview, offset: int, data: bytes | memoryview) -> 
 
 def check_truncate(
     view: RoutingView, local: Iterable[int], req: data_pb2.ChunkTruncateRequest
-) -> Reject | WriteRole:
+) -> wire.Refused | WriteRole:
     """Validate a truncation and decide this target's role in it.
 
     The head takes it from the metaserver (kind CLIENT); any other writable
     target of the chain takes it from its predecessor (kind FORWARDED).
     """
     if req.inode == 0:
-        return Reject(Status.BAD_REQUEST, "inode 0 is invalid")
+        return wire.BadRequest("inode 0 is invalid")
     try:
         layout.validate_chunk_size(req.chunk_size)
     except ValueError as exc:
-        return Reject(Status.BAD_REQUEST, str(exc))
+        return wire.BadRequest(str(exc))
     if not 1 <= req.stripe <= layout.MAX_STRIPE or req.stripe_position >= req.stripe:
-        return Reject(Status.BAD_REQUEST, "invalid stripe or stripe position")
+        return wire.BadRequest("invalid stripe or stripe position")
     chain = _chain_checks(view, local, req.target_id, req.chain_id, 0)
-    if isinstance(chain, Reject):
+    if isinstance(chain, wire.Refused):
         return chain
     if req.chain_version != chain.version:
-        return Reject(
-            Status.STALE_CHAIN,
+        return wire.StaleChain(
             f"chain {chain.chain_id} is at version {chain.version}, request has {req.chain_version}",
         )
     succ = view.successor(req.chain_id, req.target_id)
     if view.head(req.chain_id) == req.target_id:
         return WriteRole(WriteKind.CLIENT, chain.version, succ)
     if view.state(req.target_id) not in WRITABLE_STATES:
-        return Reject(Status.NOT_SERVING, f"target {req.target_id} takes no writes")
+        return wire.NotServing(f"target {req.target_id} takes no writes")
     if view.predecessor(req.chain_id, req.target_id) is None:
-        return Reject(Status.NOT_SERVING, f"target {req.target_id} is not the chain head")
+        return wire.NotServing(f"target {req.target_id} is not the chain head")
     return WriteRole(WriteKind.FORWARDED, chain.version, succ)
 
 

@@ -23,13 +23,11 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-import socket
 from collections.abc import Callable, Iterator
 
 import grpc
 
-from emberfs.common import framing
-from emberfs.common.addresses import split_address
+from emberfs.common import framing, wire
 from emberfs.proto import data_pb2, storage_pb2, storage_pb2_grpc
 from emberfs.storageserver.chunkstore import ChunkMeta, ChunkStore
 
@@ -45,15 +43,7 @@ CLIENT_ID = "resync"
 _request_ids = itertools.count(secrets.randbits(62))
 
 
-class ResyncError(Exception):
-    """The successor refused a copy or the exchange failed; retry the sync later."""
-
-    def __init__(self, message: str, status: int = framing.Status.INTERNAL):
-        super().__init__(message)
-        self.status = status
-
-
-class ResyncInterrupted(ResyncError):
+class ResyncInterrupted(Exception):
     """``should_stop`` asked the sync to end before it finished."""
 
 
@@ -84,48 +74,9 @@ def _local_chunks(store: ChunkStore) -> Iterator[ChunkMeta]:
         after = (page[-1].inode, page[-1].index)
 
 
-class _DataConnection:
-    """One framed-protocol connection to the successor, reopened if the peer closed it."""
-
-    def __init__(self, address: str):
-        self._address = split_address(address)
-        self._sock: socket.socket | None = None
-
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection(self._address, timeout=SOCKET_TIMEOUT)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-
-    def request(self, meta: bytes, data: bytes, crcs: list[int], block_size: int) -> framing.Frame:
-        for attempt in range(2):
-            reused = self._sock is not None
-            if self._sock is None:
-                self._sock = self._connect()
-            try:
-                framing.send_frame(
-                    self._sock,
-                    framing.Op.WRITE,
-                    meta,
-                    data if data else None,
-                    block_size=block_size,
-                    crcs=crcs,
-                )
-                return framing.recv_frame(self._sock)
-            except (ConnectionError, framing.FrameError) as exc:
-                self.close()
-                # A kept-alive connection the peer closed meanwhile: reconnect once.
-                if not (reused and attempt == 0) or isinstance(exc, framing.ChecksumError):
-                    raise
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-
 def _copy(
-    conn: _DataConnection,
+    pool: wire.ConnectionPool,
+    address: str,
     store: ChunkStore,
     meta: ChunkMeta,
     *,
@@ -153,18 +104,15 @@ def _copy(
         full_chunk=True,
         sync=True,
     )
-    frame = conn.request(req.SerializeToString(), data, meta.crcs, store.block_size)
-    op = framing.Op.WRITE | framing.RESPONSE
-    if frame.header.op != op:
-        raise ResyncError(f"unexpected response op {frame.header.op:#x} to a WRITE")
-    if frame.header.status != framing.Status.OK:
-        err = data_pb2.ErrorResponse()
-        err.ParseFromString(frame.meta)
-        raise ResyncError(
-            f"successor refused chunk {meta.inode}:{meta.index} v{meta.version}: "
-            f"{framing.status_name(frame.header.status)} {err.message}",
-            frame.header.status,
-        )
+    wire.call(
+        pool,
+        address,
+        framing.Op.WRITE,
+        req.SerializeToString(),
+        data if data else None,
+        block_size=store.block_size,
+        crcs=meta.crcs,
+    )
     return len(data)
 
 
@@ -205,8 +153,10 @@ def sync_successor(
 
     Raises
     ------
-    ResyncError
-        The successor refused a copy (``status`` says why).
+    wire.Refused
+        The successor refused a copy (its class and ``status`` say why).
+    ResyncInterrupted
+        ``should_stop`` returned True.
     grpc.RpcError, OSError, framing.FrameError
         Transport failures; a damaged local chunk raises ``framing.ChecksumError``.
     """
@@ -216,7 +166,9 @@ def sync_successor(
         chain_id=chain_id, chain_version=chain_version, successor_target_id=successor_target_id
     )
     channel = grpc.insecure_channel(successor_grpc_address)
-    conn = _DataConnection(successor_data_address)
+    pool = wire.ConnectionPool(
+        connect_timeout=SOCKET_TIMEOUT, io_timeout=SOCKET_TIMEOUT, max_per_address=1
+    )
     try:
         stub = storage_pb2_grpc.StorageServiceStub(channel)
 
@@ -238,7 +190,7 @@ def sync_successor(
                 counts["removed"] += resp.removed
 
         def copy(meta: ChunkMeta) -> None:
-            sent = _copy(conn, store, meta, **kw)
+            sent = _copy(pool, successor_data_address, store, meta, **kw)
             if sent is not None:
                 counts["copied"] += 1
                 counts["bytes"] += sent
@@ -273,7 +225,7 @@ def sync_successor(
                 theirs = next(remote, None)
         flush_removals()
     finally:
-        conn.close()
+        pool.close()
         channel.close()
     log.info(
         "resync of target %d (chain %d v%d) from target %d: %s",

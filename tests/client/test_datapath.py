@@ -14,11 +14,12 @@ import threading
 
 import pytest
 
-from emberfs.client.datapath import ConnectionPool, DataClient
+from emberfs.client.datapath import DataClient
 from emberfs.client.meta import RequestIds
 from emberfs.client.routing import RoutingCache
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
+from emberfs.common.wire import ConnectionPool
 from emberfs.proto import common_pb2, data_pb2
 
 CHUNK = 256 * 1024

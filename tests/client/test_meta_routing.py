@@ -9,7 +9,8 @@ import grpc
 import pytest
 
 from emberfs.client.meta import MetaClient, RequestIds, TransientError, is_retryable, retry
-from emberfs.client.routing import RoutingCache, RoutingInfo
+from emberfs.client.routing import RoutingCache
+from emberfs.common.routing import RoutingView
 from emberfs.proto import common_pb2
 
 
@@ -110,10 +111,10 @@ def _routing(version, states):
 
 def test_chain_head_tail_and_serving():
     up, down = common_pb2.SERVING, common_pb2.OFFLINE
-    chain = RoutingInfo.from_proto(_routing(1, [up, up, down])).chains[3]
+    chain = RoutingView.from_proto(_routing(1, [up, up, down])).chains[3]
     assert chain.head.target_id == 1 and chain.tail.target_id == 2
     assert [t.target_id for t in chain.serving] == [1, 2]
-    chain = RoutingInfo.from_proto(_routing(2, [down, up, up])).chains[3]
+    chain = RoutingView.from_proto(_routing(2, [down, up, up])).chains[3]
     assert chain.head is None and chain.tail.target_id == 3
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
+from emberfs.common.routing import RoutingView
 from emberfs.proto import common_pb2, data_pb2
-from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore
 from emberfs.storageserver.dataserver import DataServer
 
@@ -29,7 +29,7 @@ class Cluster:
 
     def __init__(self, tmp_path, **server_kwargs):
         self.stores = {t: ChunkStore(tmp_path / f"target-{t}") for t in (1, 2, 3)}
-        self.view = rp.RoutingView()
+        self.view = RoutingView()
         self.servers = {
             t: DataServer(
                 "127.0.0.1",
@@ -55,7 +55,7 @@ class Cluster:
                 target_id=t, node_id=f"n{t}", data_address=f"{host}:{port}", state=st, chain_id=1
             )
         routing.chains.add(chain_id=1, version=self.chain_version, targets=list(order))
-        self.view = rp.RoutingView.from_proto(routing)
+        self.view = RoutingView.from_proto(routing)
 
     def close(self) -> None:
         for server in self.servers.values():

@@ -8,6 +8,7 @@ import pytest
 
 from emberfs.common import framing
 from emberfs.common.framing import Status
+from emberfs.common.routing import RoutingView
 from emberfs.proto import common_pb2, data_pb2
 from emberfs.storageserver import replication as rp
 
@@ -42,7 +43,7 @@ def view(states: dict[int, int], order=(1, 2, 3), version=7, routing_version=42)
             chain_id=1,
         )
     routing.chains.add(chain_id=1, version=version, targets=list(order))
-    return rp.RoutingView.from_proto(routing)
+    return RoutingView.from_proto(routing)
 
 
 def wreq(target=1, version=7, offset=0, update=0, base=0, full=False, sync=False, chunk_size=CS):

@@ -10,11 +10,11 @@ from concurrent import futures
 import grpc
 import pytest
 
-from emberfs.common import framing
+from emberfs.common import framing, wire
 from emberfs.proto import data_pb2
 from emberfs.storageserver import resync
 from emberfs.storageserver.chunkstore import ChunkStore
-from emberfs.storageserver.resync import ResyncError, ResyncInterrupted, sync_successor
+from emberfs.storageserver.resync import ResyncInterrupted, sync_successor
 from emberfs.storageserver.service import StorageServicer, add_to_server
 
 CS = 1024 * 1024
@@ -191,7 +191,7 @@ def test_refused_copy_raises(pair):
     pred, succ, grpc_address, start = pair
     populate(pred, succ)
     target = start()
-    with pytest.raises(ResyncError) as err:
+    with pytest.raises(wire.Refused) as err:
         run(pred, grpc_address, target, chain_version=CHAIN_VERSION - 1)
     assert err.value.status == framing.Status.STALE_CHAIN
     assert succ.meta(1, 0) is None

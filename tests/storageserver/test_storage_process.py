@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import threading
 import time
 
@@ -19,7 +18,7 @@ import grpc
 import pytest
 
 from emberfs.cli.localcluster import LocalCluster
-from emberfs.common import framing
+from emberfs.common import framing, wire
 from emberfs.common.framing import Op, Status
 from emberfs.proto import common_pb2, data_pb2, storage_pb2, storage_pb2_grpc
 
@@ -35,7 +34,7 @@ class DataClient:
     def __init__(self, cluster: LocalCluster):
         self.cluster = cluster
         self.routing = cluster.routing()
-        self.socks: dict[str, socket.socket] = {}
+        self.pool = wire.ConnectionPool(connect_timeout=30, io_timeout=30, max_per_address=1)
         self.buf = memoryview(bytearray(CHUNK + framing.DEFAULT_BLOCK))
         self.request_id = 0
 
@@ -48,30 +47,20 @@ class DataClient:
     def target(self, target_id: int) -> common_pb2.TargetInfo:
         return next(t for t in self.routing.targets if t.target_id == target_id)
 
-    def _sock(self, address: str) -> socket.socket:
-        sock = self.socks.get(address)
-        if sock is None:
-            host, port = address.rsplit(":", 1)
-            sock = socket.create_connection((host, int(port)), timeout=30)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.socks[address] = sock
-        return sock
-
     def _exchange(self, address, op, meta: bytes, data=None) -> framing.Frame | None:
-        for _ in range(2):  # a kept connection may point at a server that restarted
-            reused = address in self.socks
-            try:
-                sock = self._sock(address)
-                framing.send_frame(sock, op, meta, data)
-                return framing.recv_frame(sock, self.buf)
-            except (OSError, framing.FrameError) as exc:
-                self.last_error = exc
-                sock = self.socks.pop(address, None)
-                if sock is not None:
-                    sock.close()
-                if not reused:
-                    return None
-        return None
+        """The answer frame (whatever its status), or None when the server was unreachable."""
+        try:
+            return wire.call(
+                self.pool,
+                address,
+                op,
+                meta,
+                data,
+                receive=lambda s: framing.recv_frame(s, self.buf),
+            )
+        except (OSError, framing.FrameError) as exc:
+            self.last_error = exc
+            return None
 
     def write_once(self, inode: int, index: int, data) -> int:
         chain = self.chain()
@@ -132,8 +121,7 @@ class DataClient:
             self.refresh()
 
     def close(self) -> None:
-        for sock in self.socks.values():
-            sock.close()
+        self.pool.close()
 
 
 class BackgroundWriter:
