@@ -78,66 +78,38 @@ class Refused(Exception):
 
 
 class ChunkNotFound(Refused):
-    """The chunk does not exist on this target."""
-
-    status = Status.NOT_FOUND
+    status = Status.NOT_FOUND  # the chunk does not exist on this target
 
 
 class StaleChain(Refused):
-    """The sender's chain version is not the receiver's: refresh the routing."""
-
-    status = Status.STALE_CHAIN
+    status = Status.STALE_CHAIN  # the chain version differs: refresh the routing
 
 
 class NotCommitted(Refused):
-    """The replica holds a pending version (or, forwarded, needs the full chunk)."""
-
-    status = Status.NOT_COMMITTED
+    status = Status.NOT_COMMITTED  # a pending version here (forwarded: send the whole chunk)
 
 
 class ChecksumMismatch(Refused):
-    """A block's CRC32C did not match on the receiver."""
-
-    status = Status.CHECKSUM
+    status = Status.CHECKSUM  # a block's CRC32C did not match on the receiver
 
 
 class BadRequest(Refused):
-    """The request is malformed or out of range; no replica will take it."""
-
-    status = Status.BAD_REQUEST
+    status = Status.BAD_REQUEST  # malformed or out of range: no replica will take it
 
 
 class NotServing(Refused):
-    """The target cannot serve this (not in the chain, not serving, not head)."""
-
-    status = Status.NOT_SERVING
+    status = Status.NOT_SERVING  # not in the chain, not serving, or not the head
 
 
 class ServerError(Refused):
-    """The server failed while handling the request."""
-
-    status = Status.INTERNAL
+    status = Status.INTERNAL  # the server failed while handling the request
 
 
 class Busy(Refused):
-    """Too many requests or connections; retry later."""
-
-    status = Status.BUSY
+    status = Status.BUSY  # too many requests or connections: retry later
 
 
-_BY_STATUS: dict[int, type[Refused]] = {
-    cls.status: cls
-    for cls in (
-        ChunkNotFound,
-        StaleChain,
-        NotCommitted,
-        ChecksumMismatch,
-        BadRequest,
-        NotServing,
-        ServerError,
-        Busy,
-    )
-}
+_BY_STATUS: dict[int, type[Refused]] = {cls.status: cls for cls in Refused.__subclasses__()}
 
 
 def refusal(status: int, message: str = "", *, routing_version: int = 0) -> Refused:
