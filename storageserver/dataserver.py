@@ -2,9 +2,11 @@
 
 One thread per connection processes that connection's requests in order.
 Every decision (may this target serve, which version, what to forward, what
-to answer) comes from :mod:`emberfs.storageserver.replication`; this module
-receives frames, touches the :class:`~emberfs.storageserver.chunkstore.ChunkStore`
-and talks to successors.
+to answer) comes from the replication rules
+(:mod:`emberfs.storageserver.replication`) and the node's replication state
+(:class:`~emberfs.storageserver.replica.Replica`); this module accepts
+connections, dispatches requests, touches the
+:class:`~emberfs.storageserver.chunkstore.ChunkStore` and talks to successors.
 
 A peer that stays silent between frames for ``idle_timeout`` seconds, or stops
 for ``frame_timeout`` seconds in the middle of a frame, is dropped; so is one
@@ -21,8 +23,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 from google.protobuf.message import DecodeError
 
@@ -33,71 +34,10 @@ from emberfs.common.stalls import live_addresses
 from emberfs.proto import data_pb2
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
-from emberfs.storageserver.chunkstore import ChunkStore, VersionConflict
+from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.replica import Replica, WritePlan, written
 
 log = logging.getLogger(__name__)
-
-
-class _RWLock:
-    """Shared/exclusive lock: chunk writes share an inode, truncation holds it alone."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            while self._writer:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
-
-
-class _LockTable:
-    """Locks made on demand per key and dropped when nobody holds or waits for them."""
-
-    def __init__(self, factory):
-        self._factory = factory
-        self._locks: dict[tuple, list] = {}
-        self._guard = threading.Lock()
-
-    @contextlib.contextmanager
-    def get(self, key: tuple) -> Iterator:
-        with self._guard:
-            entry = self._locks.get(key)
-            if entry is None:
-                entry = self._locks[key] = [self._factory(), 0]
-            entry[1] += 1
-        try:
-            yield entry[0]
-        finally:
-            with self._guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._locks[key]
-
-    def __len__(self) -> int:
-        return len(self._locks)
 
 
 _OP_NAMES = {Op.READ: "read", Op.WRITE: "write", Op.TRUNCATE: "truncate"}
@@ -109,20 +49,6 @@ def _target_of(frame: framing.Frame) -> str:
         return str(data_pb2.ChunkWriteRequest.FromString(frame.meta).target_id)
     except DecodeError:
         return "0"
-
-
-@dataclass(slots=True)
-class _Update:
-    """An update on its way down the chain."""
-
-    req: data_pb2.ChunkWriteRequest
-    role: rp.WriteRole
-    data: memoryview
-    frame: framing.Frame
-    version: int
-    committed: int
-    full: bool
-    send_full: bool = False
 
 
 # frames up to this size are received into one buffer kept per connection
@@ -180,6 +106,11 @@ class DataServer:
         (:mod:`emberfs.common.stalls`) instead of after ``forward_timeout``.
     on_stale : callable, optional
         Called when a chain version mismatch suggests the routing is old.
+
+    Attributes
+    ----------
+    replica : Replica
+        The replication state of the node's targets (floors, answers, locks).
     """
 
     def __init__(
@@ -209,13 +140,9 @@ class DataServer:
             live=lambda: live_addresses(self._routing().targets.values()),
             stall_check=stall_check,
         )
-        self._results = rp.ResultCache()
-        self._chunk_locks = _LockTable(threading.Lock)
-        self._inode_locks = _LockTable(_RWLock)
-        self._floors: dict[tuple[int, int, int], int] = {}
+        self.replica = Replica()
         self._io: dict[int, list[int]] = {}  # target id -> [bytes read, bytes written]
         self._io_lock = threading.Lock()
-        self._floors_lock = threading.Lock()
         self._conns: set[_Conn] = set()
         self._conns_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -402,13 +329,9 @@ class DataServer:
         with contextlib.ExitStack() as stack:
             try:
                 fd, meta = stack.enter_context(store.committed_file(inode, index))
-            except KeyError:
-                meta = store.meta(inode, index)
-                plan = rp.plan_read(meta, req.offset, req.length, store.block_size)
-                if isinstance(plan, wire.Refused):
-                    self._error(conn, Op.READ, plan)
-                    return
-                fd, meta = stack.enter_context(store.committed_file(inode, index))
+            except KeyError:  # nothing committed: say why (missing, or only pending)
+                self._error(conn, Op.READ, rp.uncommitted(store.meta(inode, index)))
+                return
             plan = rp.plan_read(meta, req.offset, req.length, store.block_size)
             if isinstance(plan, wire.Refused):
                 self._error(conn, Op.READ, plan)
@@ -445,179 +368,124 @@ class DataServer:
             return
         store = stores[req.target_id]
         inode, index = req.chunk.inode, req.chunk.index
-        key = (req.target_id, inode, index)
-        idem = None
-        if role.kind == rp.WriteKind.CLIENT:
-            idem = rp.request_key(req.client_id, req.request_id, *key)
-        with (
-            self._inode_locks.get((req.target_id, inode)) as ilock,
-            ilock.shared(),
-            self._chunk_locks.get(key) as clock,
-            clock,
-        ):
-            cached = self._results.get(idem) if idem else None
-            if cached is not None:
-                result = cached
-            elif role.kind == rp.WriteKind.SYNC:
+        key = self.replica.write_key(req, role)
+        with self.replica.updating(req.target_id, inode, index):
+            result = self.replica.answered(key)
+            if result is None and role.kind == rp.WriteKind.SYNC:
                 if store.install(inode, index, req.update_version, data):
                     metrics.count_written(req.target_id, len(data))
-                meta = store.meta(inode, index)
-                result = data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
-            else:
-                result = self._apply_write(store, req, role, data, frame)
-                if idem and not isinstance(result, wire.Refused):
-                    self._results.put(idem, result)
+                result = written(store.meta(inode, index))
+            elif result is None:
+                result = self.replica.plan_write(req, role, store.meta(inode, index))
+                if isinstance(result, WritePlan):
+                    result = self._replicate(store, result, data, frame)
+                self.replica.answer(key, result)
         if isinstance(result, wire.Refused):
             self._error(conn, Op.WRITE, result)
         else:
             self._respond(conn, Op.WRITE, result.SerializeToString())
 
-    def _floor(self, key: tuple[int, int, int]) -> int:
-        with self._floors_lock:
-            return self._floors.get(key, 0)
-
-    def _set_floor(self, key: tuple[int, int, int], version: int | None) -> None:
-        with self._floors_lock:
-            if version is None:
-                self._floors.pop(key, None)
-            else:
-                self._floors[key] = max(version, self._floors.get(key, 0))
-
-    def _apply_write(
-        self,
-        store: ChunkStore,
-        req: data_pb2.ChunkWriteRequest,
-        role: rp.WriteRole,
-        data: memoryview,
-        frame: framing.Frame,
+    def _replicate(
+        self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
     ) -> wire.Refused | data_pb2.ChunkWriteResponse:
-        """Forward down the chain while staging locally, then commit (the chunk lock is held).
+        """Forward ``plan`` down the chain while staging it here, then commit (chunk lock held).
 
         The update goes to the successor before it is staged here, so both
-        write at once. If staging fails afterwards the successor may hold the
-        version: its number is never used again for this chunk (the floor),
-        and the next update's base version tells the successor to take the
-        full chunk.
+        write at once; the replica decides what every outcome leads to.
         """
+        req = plan.req
         inode, index = req.chunk.inode, req.chunk.index
-        key = (req.target_id, inode, index)
-        meta = store.meta(inode, index)
-        committed = rp.committed_version(meta)
-        if role.kind == rp.WriteKind.CLIENT:
-            version, full = rp.next_version(meta, self._floor(key)), False
-        else:
-            action = rp.plan_forwarded(meta, req)
-            if action == rp.Apply.ALREADY:
-                return data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
-            if action == rp.Apply.NEED_FULL:
-                return wire.NotCommitted(rp.NEED_FULL_CHUNK)
-            version, full = req.update_version, action == rp.Apply.FULL
-        update = _Update(req, role, data, frame, version, committed, full)
-        exchange = None
-        if role.successor is not None:
-            update.send_full = full or rp.send_full_first(role.successor, req)
-            exchange = self._send_update(store, update)
+        forward = self._forward(store, plan, data, frame) if plan.successor else None
         try:
             # the frame's block CRCs were verified against the data on arrival
             crcs = list(frame.crcs) if frame.header.block_size == store.block_size else None
             store.stage(
                 inode,
                 index,
-                version,
+                plan.version,
                 req.offset,
                 data,
                 chunk_size=req.chunk_size,
-                full_chunk=full,
+                full_chunk=plan.full,
                 crcs=crcs,
             )
         except BaseException as exc:
-            if exchange is not None:
-                exchange.abandon()
-                self._set_floor(key, version)
-            if isinstance(exc, VersionConflict):
-                return wire.StaleChain(str(exc))
-            if isinstance(exc, ValueError):
-                return wire.BadRequest(str(exc))
-            raise
+            if forward is not None:
+                forward.abandon()
+            refusal = self.replica.staging_failed(plan, exc, forwarded=forward is not None)
+            if refusal is None:
+                raise
+            return refusal
         try:
-            reject = self._await_update(store, update, exchange) if exchange else None
+            refusal = self._await_successor(store, plan, data, frame, forward) if forward else None
         except BaseException:
-            store.abort(inode, index, version)
-            self._set_floor(key, version)
+            store.abort(inode, index, plan.version)
+            self.replica.aborted(plan)
             raise
-        if reject is not None:
-            store.abort(inode, index, version)
-            self._set_floor(key, version)
-            return reject
-        meta = store.commit(inode, index, version)
+        if refusal is not None:
+            store.abort(inode, index, plan.version)
+            self.replica.aborted(plan)
+            return refusal
+        meta = store.commit(inode, index, plan.version)
+        self.replica.committed(plan)
         self._count(req.target_id, written=len(data))
-        if self._floor(key) and self._floor(key) <= version:
-            self._set_floor(key, None)
-        return data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
+        return written(meta)
 
-    def _send_update(self, store: ChunkStore, u: _Update) -> wire.Call:
-        """Send a staged (or about to be staged) update to the successor."""
-        req = u.req
-        if u.send_full and not u.full:
+    def _forward(
+        self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
+    ) -> wire.Call:
+        """Send ``plan`` to the successor: the received range, or the whole new chunk."""
+        req = plan.req
+        if plan.send_full and not plan.full:
             base = b""
-            if u.committed:
+            if plan.base_version:
                 base, _ = store.read_committed(req.chunk.inode, req.chunk.index)
-            payload = rp.overlay(base, req.offset, u.data)
-            kwargs: dict = {"block_size": store.block_size}
+            payload = rp.overlay(base, req.offset, data)
+            block_size, crcs = store.block_size, None
         else:
-            payload = u.data
-            kwargs = {"block_size": u.frame.header.block_size or store.block_size}
-            if u.frame.data is not None:
-                kwargs["crcs"] = list(u.frame.crcs)
-        fwd = rp.forward_request(
-            req,
-            u.role.successor,
-            chain_version=u.role.chain_version,
-            version=u.version,
-            base_version=u.committed,
-            full_chunk=u.send_full,
-        )
+            payload = data
+            block_size = frame.header.block_size or store.block_size
+            crcs = list(frame.crcs) if frame.data is not None else None
         return wire.Call(
             self._pool,
-            u.role.successor.data_address,
+            plan.successor.data_address,
             Op.WRITE,
-            fwd.SerializeToString(),
+            plan.forward().SerializeToString(),
             payload if len(payload) else None,
-            **kwargs,
+            block_size=block_size,
+            crcs=crcs,
         )
 
-    @staticmethod
-    def _reply(exchange: wire.Call) -> tuple[int, str]:
+    def _reply(self, exchange: wire.Call) -> tuple[int, str]:
         """A successor's answer as (status, message); a failed exchange is NOT_SERVING."""
         try:
             exchange.result()
         except wire.Refused as exc:
-            return exc.status, exc.message
+            status, message = exc.status, exc.message
         except (OSError, framing.FrameError) as exc:
-            return Status.NOT_SERVING, f"{exchange.address}: {exc}"
-        return Status.OK, ""
+            status, message = Status.NOT_SERVING, f"{exchange.address}: {exc}"
+        else:
+            status, message = Status.OK, ""
+        return status, message
 
-    def _await_update(
-        self, store: ChunkStore, u: _Update, exchange: wire.Call
+    def _await_successor(
+        self,
+        store: ChunkStore,
+        plan: WritePlan,
+        data: memoryview,
+        frame: framing.Frame,
+        forward: wire.Call,
     ) -> wire.Refused | None:
-        """The successor's answer: None once it holds the update, else the upstream refusal."""
-        succ = u.role.successor
+        """None once the successor holds ``plan``, else the refusal to answer upstream."""
         while True:
-            status, message = self._reply(exchange)
+            status, message = self._reply(forward)
             metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
-            outcome, upstream = rp.interpret_reply(status, message, u.send_full)
-            if outcome == rp.Reply.OK:
-                return None
-            if outcome == rp.Reply.RESEND_FULL:
-                u.send_full = True
-                exchange = self._send_update(store, u)
-                continue
             if status == Status.STALE_CHAIN and self._on_stale is not None:
                 self._on_stale()
-            return wire.refusal(
-                upstream,
-                f"successor target {succ.target_id}: {framing.status_name(status)} {message}",
-            )
+            step = self.replica.successor_answered(plan, status, message)
+            if step != rp.Reply.RESEND_FULL:
+                return step
+            forward = self._forward(store, plan, data, frame)
 
     # ------------------------------------------------------------------ truncation
 
@@ -628,23 +496,21 @@ class DataServer:
             self._error(conn, Op.TRUNCATE, role)
             return
         store = stores[req.target_id]
-        idem = None
-        if role.kind == rp.WriteKind.CLIENT:
-            idem = rp.request_key(req.client_id, req.request_id, req.target_id, req.inode, -1)
-        with self._inode_locks.get((req.target_id, req.inode)) as ilock, ilock.exclusive():
-            result = self._results.get(idem) if idem else None
+        key = self.replica.truncate_key(req, role)
+        with self.replica.truncating(req.target_id, req.inode):
+            result = self.replica.answered(key)
             if result is None:
-                result = self._apply_truncate(store, req, role)
-                if idem and not isinstance(result, wire.Refused):
-                    self._results.put(idem, result)
+                result = self._cut(store, req, role)
+                self.replica.answer(key, result)
         if isinstance(result, wire.Refused):
             self._error(conn, Op.TRUNCATE, result)
         else:
             self._respond(conn, Op.TRUNCATE, result.SerializeToString())
 
-    def _apply_truncate(
+    def _cut(
         self, store: ChunkStore, req: data_pb2.ChunkTruncateRequest, role: rp.WriteRole
     ) -> wire.Refused | data_pb2.ChunkTruncateResponse:
+        """Cut the inode's chunks here, then have the successor do the same (inode held)."""
         chunks: list[tuple[int, int]] = []
         after = None
         while True:
@@ -658,9 +524,8 @@ class DataServer:
         )
         for step in steps:
             key = (req.target_id, req.inode, step.index)
-            with self._chunk_locks.get(key) as clock, clock:
-                meta = store.meta(req.inode, step.index)
-                version = rp.next_version(meta, self._floor(key))
+            with self.replica.chunk(*key):
+                version = self.replica.truncation_version(key, store.meta(req.inode, step.index))
                 store.stage_truncate(req.inode, step.index, version, step.length)
                 store.commit(req.inode, step.index, version)
         if role.successor is not None:
@@ -670,11 +535,7 @@ class DataServer:
                     self._pool, role.successor.data_address, Op.TRUNCATE, fwd.SerializeToString()
                 )
             )
-            if status != Status.OK:
-                outcome, upstream = rp.interpret_reply(status, message, True)
-                return wire.refusal(
-                    upstream,
-                    f"successor target {role.successor.target_id}: "
-                    f"{framing.status_name(status)} {message}",
-                )
+            refusal = self.replica.truncation_answered(role, status, message)
+            if refusal is not None:
+                return refusal
         return data_pb2.ChunkTruncateResponse(chunks=len(steps))

@@ -1,9 +1,12 @@
-"""CRAQ chain replication decisions, without I/O.
+"""CRAQ chain replication rules, without I/O and without state.
 
 Every question the data server must answer before it touches a chunk or a
 socket is decided here, over plain data: the node's routing view, a chunk's
-metadata and the fields of a request. The data server
-(:mod:`emberfs.storageserver.dataserver`) does the sending and writing.
+metadata and the fields of a request; refusals are the framed protocol's
+:class:`~emberfs.common.wire.Refused` errors. What a replica remembers between
+requests (version floors, answers, locks) lives in
+:class:`~emberfs.storageserver.replica.Replica`, which applies these rules; the
+data server (:mod:`emberfs.storageserver.dataserver`) does the sending and writing.
 
 The rules, as 3FS applies CRAQ:
 
@@ -26,10 +29,7 @@ The rules, as 3FS applies CRAQ:
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -124,6 +124,15 @@ class ReadPlan:
         )
 
 
+def uncommitted(meta: ChunkMetaLike | None) -> wire.Refused:
+    """Why a replica cannot serve a read now: the chunk is missing, or a version is pending."""
+    if meta is None:
+        return wire.ChunkNotFound("chunk not found")
+    if meta.pending_version:
+        return wire.NotCommitted(f"version {meta.pending_version} is pending")
+    return wire.NotCommitted(f"version {meta.version} committed while the read looked for it")
+
+
 def plan_read(
     meta: ChunkMetaLike | None, offset: int, length: int, block_size: int
 ) -> wire.Refused | ReadPlan:
@@ -131,10 +140,8 @@ def plan_read(
 
     A range past the chunk's end yields the bytes that exist (possibly none).
     """
-    if meta is None:
-        return wire.ChunkNotFound("chunk not found")
-    if meta.pending_version:
-        return wire.NotCommitted(f"version {meta.pending_version} is pending")
+    if meta is None or meta.pending_version:
+        return uncommitted(meta)
     chunk_length = meta.length
     end = min(offset + length, chunk_length)
     if offset >= end:
@@ -297,6 +304,16 @@ def interpret_reply(status: int, message: str, sent_full: bool) -> tuple[str, St
     return Reply.FAIL, Status.NOT_SERVING
 
 
+def upstream_refusal(
+    successor: TargetView, upstream: int, status: int, message: str
+) -> wire.Refused:
+    """The refusal a replica answers when its successor answered ``status`` (see interpret_reply)."""
+    return wire.refusal(
+        upstream,
+        f"successor target {successor.target_id}: {framing.status_name(status)} {message}",
+    )
+
+
 def overlay(base: bytes | memoryview, offset: int, data: bytes | memoryview) -> bytearray:
     """The chunk content after writing ``data`` at ``offset`` over ``base`` (holes are zeros)."""
     end = offset + len(data)
@@ -419,61 +436,3 @@ def sync_source(view: RoutingView, chain_id: int, syncing_target: int) -> int | 
     if pred is None or pred.state != SERVING:
         return None
     return pred.target_id
-
-
-# ----------------------------------------------------------------------------
-# idempotency
-
-
-class ResultCache:
-    """Bounded LRU of answers to mutating requests, each kept for ``ttl`` seconds.
-
-    Parameters
-    ----------
-    max_entries : int, default 8192
-        Entries beyond this evict the least recently used.
-    ttl : float, default 300
-        Seconds an answer stays valid.
-    clock : callable, default time.monotonic
-    """
-
-    def __init__(
-        self,
-        max_entries: int = 8192,
-        ttl: float = 300.0,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.max_entries = max_entries
-        self.ttl = ttl
-        self._clock = clock
-        self._items: OrderedDict[tuple, tuple[float, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple) -> Any | None:
-        """The cached answer for ``key``, or None."""
-        with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                return None
-            if self._clock() - item[0] > self.ttl:
-                del self._items[key]
-                return None
-            self._items.move_to_end(key)
-            return item[1]
-
-    def put(self, key: tuple, value: Any) -> None:
-        with self._lock:
-            self._items[key] = (self._clock(), value)
-            self._items.move_to_end(key)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def request_key(client_id: str, request_id: int, *parts: int) -> tuple | None:
-    """The idempotency key of a request (None when the client sent no id)."""
-    if not client_id or not request_id:
-        return None
-    return (client_id, request_id, *parts)

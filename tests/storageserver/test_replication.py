@@ -331,28 +331,6 @@ def test_sync_source_is_the_serving_predecessor():
     assert rp.sync_source(v, 1, 3) == 1
 
 
-# idempotency --------------------------------------------------------------
-
-
-def test_result_cache_lru_and_ttl():
-    now = [0.0]
-    cache = rp.ResultCache(max_entries=2, ttl=10, clock=lambda: now[0])
-    cache.put(("a", 1), "A")
-    cache.put(("b", 1), "B")
-    assert cache.get(("a", 1)) == "A"
-    cache.put(("c", 1), "C")  # evicts b, the least recently used
-    assert cache.get(("b", 1)) is None and cache.get(("a", 1)) == "A"
-    now[0] = 11
-    assert cache.get(("a", 1)) is None
-    assert len(cache) == 1
-
-
-def test_request_key():
-    assert rp.request_key("", 5, 1) is None
-    assert rp.request_key("c", 0, 1) is None
-    assert rp.request_key("c", 5, 1, 2) == ("c", 5, 1, 2)
-
-
 @pytest.mark.parametrize("state", [W, L, OFF])
 def test_non_writable_states_take_no_forwarded_writes(state):
     v = view({1: S, 2: state, 3: S})
