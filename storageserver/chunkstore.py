@@ -1,11 +1,13 @@
-"""The chunk engine of one storage target: a RocksDB of chunk records over the chunk files.
+"""The chunk engine of one storage target: the operations on its chunks.
 
-A target keeps the record of every chunk (committed and pending version, their
-lengths and CRC32C of every block, and the file that holds each version) in a
-RocksDB under ``root/meta``, keyed by (inode, index). The content lives in
-files named from integers only, which
-:class:`~emberfs.storageserver.chunkfiles.ChunkFiles` writes, reads and keeps
-as spares; :class:`ChunkStore` decides which file each record points at.
+:class:`ChunkStore` is what the storage server calls to read a chunk's
+committed version, stage, commit or abort a pending one, install a resync copy,
+and remove or list chunks. It keeps the record of every chunk (versions,
+lengths, CRC32C of every block, the file of each version) in
+:class:`~emberfs.storageserver.chunkrecords.ChunkRecords`, a RocksDB under
+``root/meta``, and the content in files named from integers only, which
+:class:`~emberfs.storageserver.chunkfiles.ChunkFiles` writes under
+``root/chunks`` and keeps as spares under ``root/spare``.
 
 Every change is copy-on-write: a new version is written to a new file first,
 then the metadata record is switched to it, then the file it replaced is
@@ -34,12 +36,9 @@ runs under one lock, file I/O outside it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import struct
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
@@ -47,18 +46,11 @@ import crc32c
 from emberfs.common import framing
 from emberfs.common.layout import MAX_CHUNK_SIZE
 from emberfs.storageserver.chunkfiles import DEFAULT_SPARE_BYTES, ChunkFiles, pread_all
-
-log = logging.getLogger(__name__)
+from emberfs.storageserver.chunkrecords import ChunkMeta, ChunkRecord, ChunkRecords
 
 MAX_INODE = (1 << 64) - 1
 MAX_INDEX = (1 << 32) - 1
 MAX_VERSION = (1 << 64) - 1
-
-_KEY = struct.Struct(">QI")
-_CONFIG_KEY = b"\x00" * _KEY.size  # inode 0 is never a chunk: the store's own settings
-_CONFIG = struct.Struct("<II")  # format, block size
-_FORMAT = 1
-_RECORD = struct.Struct("<BQQIIQQII")
 
 
 class VersionConflict(Exception):
@@ -67,84 +59,6 @@ class VersionConflict(Exception):
     Raised when staging a version not newer than the committed one, or when
     committing a version that is not the pending one.
     """
-
-
-@dataclass
-class ChunkMeta:
-    """What a target knows about one chunk.
-
-    Attributes
-    ----------
-    inode, index : int
-        The chunk id.
-    version : int
-        Committed version (0: nothing committed yet).
-    pending_version : int
-        Staged, not yet committed version (0: nothing pending).
-    length : int
-        Length of the committed content.
-    crcs : list of int
-        CRC32C of each ``block_size`` block of the committed content.
-    checksum : int
-        CRC32C of the whole committed content.
-    pending_length : int
-        Length of the pending content (0 when nothing is pending).
-    pending_checksum : int
-        CRC32C of the whole pending content.
-    """
-
-    inode: int
-    index: int
-    version: int
-    pending_version: int
-    length: int
-    crcs: list[int]
-    checksum: int
-    pending_length: int = 0
-    pending_checksum: int = 0
-
-
-@dataclass
-class _Record:
-    c_version: int = 0
-    c_fid: int = 0
-    c_len: int = 0
-    c_sum: int = 0
-    p_version: int = 0
-    p_fid: int = 0
-    p_len: int = 0
-    p_sum: int = 0
-    c_crcs: list[int] = field(default_factory=list)
-    p_crcs: list[int] = field(default_factory=list)
-
-    def encode(self) -> bytes:
-        head = _RECORD.pack(
-            _FORMAT,
-            self.c_version,
-            self.c_fid,
-            self.c_len,
-            self.c_sum,
-            self.p_version,
-            self.p_fid,
-            self.p_len,
-            self.p_sum,
-        )
-        crcs = self.c_crcs + self.p_crcs
-        return head + struct.pack(f"<{len(crcs)}I", *crcs)
-
-    @classmethod
-    def decode(cls, raw: bytes, block_size: int) -> _Record:
-        fmt, cv, cf, cl, cs, pv, pf, pl, ps = _RECORD.unpack_from(raw)
-        if fmt != _FORMAT:
-            raise ValueError(f"unknown chunk record format {fmt}")
-        nc = framing.n_blocks(cl, block_size)
-        np_ = framing.n_blocks(pl, block_size)
-        crcs = list(struct.unpack_from(f"<{nc + np_}I", raw, _RECORD.size))
-        return cls(cv, cf, cl, cs, pv, pf, pl, ps, crcs[:nc], crcs[nc:])
-
-    def drop_pending(self) -> None:
-        self.p_version = self.p_fid = self.p_len = self.p_sum = 0
-        self.p_crcs = []
 
 
 def _check_chunk(inode: int, index: int) -> None:
@@ -192,8 +106,6 @@ class ChunkStore:
         direct_io: bool = True,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
     ):
-        from rocksdict import Options, Rdict, WriteOptions
-
         if not framing.MIN_BLOCK <= block_size <= framing.MAX_DATA:
             raise ValueError(f"block size {block_size} is out of range")
         self.root = Path(root)
@@ -201,19 +113,13 @@ class ChunkStore:
         self._files = ChunkFiles(
             self.root, fsync=fsync, direct_io=direct_io, spare_bytes=spare_bytes
         )
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        self._db = Rdict(str(self.root / "meta"), opts)
-        self._wopts = WriteOptions()
-        self._wopts.sync = fsync
+        self._records = ChunkRecords(self.root, block_size, sync=fsync)
         self._lock = threading.Lock()
-        self._count = 0
         self._closed = False
         try:
-            self._check_config()
-            self._recover()
+            self._count = self._records.recover(self._files)
         except BaseException:
-            self._db.close()
+            self._records.close()
             raise
 
     @property
@@ -231,145 +137,13 @@ class ChunkStore:
         """Bytes of retired chunk files kept as spares at most."""
         return self._files.spare_bytes
 
-    # ------------------------------------------------------------------ setup
-
-    def _check_config(self) -> None:
-        raw = self._db.get(_CONFIG_KEY)
-        if raw is None:
-            self._db.put(_CONFIG_KEY, _CONFIG.pack(_FORMAT, self.block_size), self._wopts)
-            return
-        fmt, block_size = _CONFIG.unpack(raw)
-        if fmt != _FORMAT:
-            raise ValueError(f"{self.root}: unknown chunk store format {fmt}")
-        if block_size != self.block_size:
-            raise ValueError(
-                f"{self.root}: created with block size {block_size}, opened with {self.block_size}"
-            )
-
-    def _recover(self) -> None:
-        """Drop pending versions, and records whose file is missing or has the wrong size.
-
-        Then the chunk files take up what a previous run left (files no record
-        refers to go); the kept records are counted.
-        """
-        from rocksdict import WriteBatch
-
-        batch = WriteBatch(raw_mode=True)
-        changes = 0
-        referenced: dict[Path, int] = {}
-        max_fid = 0
-        it = self._db.iter()
-        it.seek(_KEY.pack(1, 0))
-        while it.valid():
-            key, raw = it.key(), it.value()
-            it.next()
-            inode, index = _KEY.unpack(key)
-            rec = _Record.decode(raw, self.block_size)
-            max_fid = max(max_fid, rec.c_fid, rec.p_fid)
-            dirty = False
-            if rec.p_version:
-                rec.drop_pending()
-                dirty = True
-            if rec.c_version:
-                path = self._files.path(inode, index, rec.c_version, rec.c_fid)
-                size = self._files.size(path)
-                if size != rec.c_len:
-                    log.error(
-                        "%s: chunk %d:%d version %d: file %s (size %d, expected %d); dropped",
-                        self.root,
-                        inode,
-                        index,
-                        rec.c_version,
-                        "missing" if size < 0 else "wrong size",
-                        size,
-                        rec.c_len,
-                    )
-                    rec = _Record()
-                    dirty = True
-                else:
-                    referenced[path] = size
-            if not rec.c_version:
-                batch.delete(key)
-                changes += 1
-                continue
-            if dirty:
-                batch.put(key, rec.encode())
-                changes += 1
-            self._count += 1
-        if changes:
-            self._db.write(batch, self._wopts)
-        self._files.recover(referenced, max_fid)
-
-    # ------------------------------------------------------------------ helpers
-
-    def _get(self, key: bytes) -> _Record | None:
-        raw = self._db.get(key)
-        return None if raw is None else _Record.decode(raw, self.block_size)
-
-    def _put(self, key: bytes, rec: _Record) -> None:
-        self._db.put(key, rec.encode(), self._wopts)
-
-    def _meta(self, inode: int, index: int, rec: _Record) -> ChunkMeta:
-        return ChunkMeta(
-            inode=inode,
-            index=index,
-            version=rec.c_version,
-            pending_version=rec.p_version,
-            length=rec.c_len,
-            crcs=list(rec.c_crcs),
-            checksum=rec.c_sum,
-            pending_length=rec.p_len,
-            pending_checksum=rec.p_sum,
-        )
-
-    def _stage_new(self, inode: int, index: int, version: int, build) -> ChunkMeta:
-        """Write a pending version whose content ``build(committed record)`` returns.
-
-        ``build`` returns (content, block crcs, checksum). If the committed
-        version changes while the new file is written, the build is redone.
-        """
-        key = _KEY.pack(inode, index)
-        for _ in range(16):
-            base = self._get(key)
-            base_ref = (base.c_version, base.c_fid) if base else (0, 0)
-            if base is not None and version <= base.c_version:
-                raise VersionConflict(
-                    f"chunk {inode}:{index}: version {version} is not newer than "
-                    f"the committed version {base.c_version}"
-                )
-            content, crcs, checksum = build(base)
-            path, fid = self._files.write(inode, index, version, content)
-            garbage: list[tuple[Path, int]] = []
-            with self._lock:
-                rec = self._get(key)
-                ref = (rec.c_version, rec.c_fid) if rec else (0, 0)
-                if ref != base_ref:
-                    garbage.append((path, len(content)))
-                    rec = None
-                else:
-                    if rec is None:
-                        rec = _Record()
-                        self._count += 1
-                    elif rec.p_version:
-                        garbage.append(
-                            (self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)
-                        )
-                    rec.p_version, rec.p_fid = version, fid
-                    rec.p_len, rec.p_sum, rec.p_crcs = len(content), checksum, crcs
-                    self._put(key, rec)
-                    meta = self._meta(inode, index, rec)
-            self._files.retire(garbage)
-            if rec is not None:
-                return meta
-        raise VersionConflict(f"chunk {inode}:{index}: committed version kept changing")
-
     # ------------------------------------------------------------------ reads
 
     def meta(self, inode: int, index: int) -> ChunkMeta | None:
         """The chunk's metadata, or None when the target has no such chunk."""
         _check_chunk(inode, index)
-        rec = self._get(_KEY.pack(inode, index))
-        return None if rec is None else self._meta(inode, index, rec)
+        rec = self._records.get(inode, index)
+        return None if rec is None else rec.meta(inode, index)
 
     @contextlib.contextmanager
     def committed_file(self, inode: int, index: int) -> Iterator[tuple[int, ChunkMeta]]:
@@ -386,13 +160,13 @@ class ChunkStore:
         """
         _check_chunk(inode, index)
         with self._lock:
-            rec = self._get(_KEY.pack(inode, index))
+            rec = self._records.get(inode, index)
             if rec is None or not rec.c_version:
                 raise KeyError((inode, index))
             path = self._files.path(inode, index, rec.c_version, rec.c_fid)
             fd = self._files.open_reader(path)
         try:
-            yield fd, self._meta(inode, index, rec)
+            yield fd, rec.meta(inode, index)
         finally:
             self._files.close_reader(path, fd)
 
@@ -412,6 +186,46 @@ class ChunkStore:
             return pread_all(fd, offset, end - offset), meta
 
     # ------------------------------------------------------------------ updates
+
+    def _stage_new(self, inode: int, index: int, version: int, build) -> ChunkMeta:
+        """Write a pending version whose content ``build(committed record)`` returns.
+
+        ``build`` returns (content, block crcs, checksum). If the committed
+        version changes while the new file is written, the build is redone.
+        """
+        for _ in range(16):
+            base = self._records.get(inode, index)
+            base_ref = (base.c_version, base.c_fid) if base else (0, 0)
+            if base is not None and version <= base.c_version:
+                raise VersionConflict(
+                    f"chunk {inode}:{index}: version {version} is not newer than "
+                    f"the committed version {base.c_version}"
+                )
+            content, crcs, checksum = build(base)
+            path, fid = self._files.write(inode, index, version, content)
+            garbage: list[tuple[Path, int]] = []
+            with self._lock:
+                rec = self._records.get(inode, index)
+                ref = (rec.c_version, rec.c_fid) if rec else (0, 0)
+                if ref != base_ref:
+                    garbage.append((path, len(content)))
+                    rec = None
+                else:
+                    if rec is None:
+                        rec = ChunkRecord()
+                        self._count += 1
+                    elif rec.p_version:
+                        garbage.append(
+                            (self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)
+                        )
+                    rec.p_version, rec.p_fid = version, fid
+                    rec.p_len, rec.p_sum, rec.p_crcs = len(content), checksum, crcs
+                    self._records.put(inode, index, rec)
+                    meta = rec.meta(inode, index)
+            self._files.retire(garbage)
+            if rec is not None:
+                return meta
+        raise VersionConflict(f"chunk {inode}:{index}: committed version kept changing")
 
     def stage(
         self,
@@ -476,7 +290,7 @@ class ChunkStore:
         bs = self.block_size
         given_crcs = crcs
 
-        def build(base: _Record | None):
+        def build(base: ChunkRecord | None):
             old_len = base.c_len if base and base.c_version else 0
             if full_chunk or (offset == 0 and n >= old_len):
                 block_crcs = given_crcs
@@ -510,7 +324,7 @@ class ChunkStore:
             raise ValueError(f"length {length!r} is out of range")
         bs = self.block_size
 
-        def build(base: _Record | None):
+        def build(base: ChunkRecord | None):
             old_len = base.c_len if base and base.c_version else 0
             new_len = min(length, old_len)
             if new_len == 0:
@@ -538,12 +352,11 @@ class ChunkStore:
         """
         _check_chunk(inode, index)
         _check_version(version)
-        key = _KEY.pack(inode, index)
         with self._lock:
-            rec = self._get(key)
+            rec = self._records.get(inode, index)
             if rec is None or rec.p_version != version:
                 if rec is not None and rec.c_version == version and not rec.p_version:
-                    return self._meta(inode, index, rec)
+                    return rec.meta(inode, index)
                 pending = rec.p_version if rec else 0
                 raise VersionConflict(
                     f"chunk {inode}:{index}: version {version} is not pending (pending {pending})"
@@ -556,8 +369,8 @@ class ChunkStore:
             rec.c_version, rec.c_fid, rec.c_len = rec.p_version, rec.p_fid, rec.p_len
             rec.c_sum, rec.c_crcs = rec.p_sum, rec.p_crcs
             rec.drop_pending()
-            self._put(key, rec)
-            meta = self._meta(inode, index, rec)
+            self._records.put(inode, index, rec)
+            meta = rec.meta(inode, index)
         self._files.retire(garbage)
         return meta
 
@@ -565,17 +378,16 @@ class ChunkStore:
         """Drop pending ``version`` (nothing happens when it is not pending)."""
         _check_chunk(inode, index)
         _check_version(version)
-        key = _KEY.pack(inode, index)
         with self._lock:
-            rec = self._get(key)
+            rec = self._records.get(inode, index)
             if rec is None or rec.p_version != version:
                 return
             garbage = [(self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)]
             rec.drop_pending()
             if rec.c_version:
-                self._put(key, rec)
+                self._records.put(inode, index, rec)
             else:
-                self._db.delete(key, self._wopts)
+                self._records.delete(inode, index)
                 self._count -= 1
         self._files.retire(garbage)
 
@@ -598,27 +410,26 @@ class ChunkStore:
         view = memoryview(data).cast("B")
         if len(view) > MAX_CHUNK_SIZE:
             raise ValueError(f"{len(view)} bytes exceed the largest chunk size")
-        key = _KEY.pack(inode, index)
         crcs = framing.block_crcs(view, self.block_size)
         checksum = framing.combine_crcs(crcs, self.block_size, len(view))
 
-        def stale(rec: _Record | None) -> bool:
+        def stale(rec: ChunkRecord | None) -> bool:
             if rec is None or rec.c_version < version:
                 return False
             return rec.c_version > version or (rec.c_len, rec.c_sum) == (len(view), checksum)
 
-        if stale(self._get(key)):
+        if stale(self._records.get(inode, index)):
             return False
         path, fid = self._files.write(inode, index, version, view)
         garbage: list[tuple[Path, int]] = []
         with self._lock:
-            rec = self._get(key)
+            rec = self._records.get(inode, index)
             if stale(rec):
                 garbage.append((path, len(view)))
                 applied = False
             else:
                 if rec is None:
-                    rec = _Record()
+                    rec = ChunkRecord()
                     self._count += 1
                 if rec.c_version:
                     garbage.append(
@@ -631,7 +442,7 @@ class ChunkStore:
                     rec.drop_pending()
                 rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
                 rec.c_sum, rec.c_crcs = checksum, crcs
-                self._put(key, rec)
+                self._records.put(inode, index, rec)
                 applied = True
         self._files.retire(garbage)
         return applied
@@ -639,12 +450,11 @@ class ChunkStore:
     def remove(self, inode: int, index: int) -> bool:
         """Remove a chunk (every version); returns whether it existed."""
         _check_chunk(inode, index)
-        key = _KEY.pack(inode, index)
         with self._lock:
-            rec = self._get(key)
+            rec = self._records.get(inode, index)
             if rec is None:
                 return False
-            self._db.delete(key, self._wopts)
+            self._records.delete(inode, index)
             self._count -= 1
         garbage = []
         if rec.c_version:
@@ -661,7 +471,7 @@ class ChunkStore:
         """
         _check_chunk(inode, 0)
         if indices is None:
-            wanted = [m.index for m in self._iter(inode, None, None)]
+            wanted = [m.index for m in self._records.scan(inode, None, None)]
         else:
             wanted = list(indices)
             for index in wanted:
@@ -672,22 +482,6 @@ class ChunkStore:
         return removed
 
     # ------------------------------------------------------------------ listing
-
-    def _iter(self, inode: int, after: tuple[int, int] | None, limit: int | None):
-        start = _KEY.pack(max(inode, 1), 0)
-        if after is not None:
-            _check_chunk(*after)
-            start = max(start, _KEY.pack(*after) + b"\x00")
-        it = self._db.iter()
-        it.seek(start)
-        n = 0
-        while it.valid() and (limit is None or n < limit):
-            ino, index = _KEY.unpack(it.key())
-            if inode and ino != inode:
-                break
-            yield self._meta(ino, index, _Record.decode(it.value(), self.block_size))
-            n += 1
-            it.next()
 
     def list(
         self, inode: int = 0, after: tuple[int, int] | None = None, limit: int = 1000
@@ -707,7 +501,9 @@ class ChunkStore:
             raise ValueError(f"inode {inode!r} is outside 0..2^64-1")
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        return list(self._iter(inode, after, limit))
+        if after is not None:
+            _check_chunk(*after)
+        return list(self._records.scan(inode, after, limit))
 
     def stats(self) -> dict:
         """``{"capacity": bytes of the filesystem, "used": bytes of chunk files, "chunks": n,
@@ -730,7 +526,7 @@ class ChunkStore:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._db.close()
+                self._records.close()
 
     def __enter__(self) -> ChunkStore:
         return self
