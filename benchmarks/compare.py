@@ -477,7 +477,7 @@ def measure(args) -> dict:
         remove_and_collect(meta, cluster.admin_url, extra_files)
         # A new file written after others were removed, as checkpoints rotate:
         # the targets write its chunks over the removed files' chunk files
-        # (spares, see storageserver/chunkstore.py). Reported beside the target.
+        # (spares, see storageserver/chunkfiles.py). Reported beside the target.
         for i in range(args.repeat):
             log(f"EmberFS: writing {size_name(small)} after a removal ({i + 1}/{args.repeat})")
             r = write(f"{emb_small}.after-removal", small)

@@ -321,12 +321,12 @@ def test_readers_never_see_a_spare_written_over(store):
     assert checked[0] > 50
     # the writers kept many retired files as spares, and took them again:
     # spare names are never reused, and the pool stayed small
-    assert store._next_spare > 20
+    assert store._files._next_spare > 20
     assert len(spare_files(store.root)) <= 8
 
 
 def test_spares_are_bounded(tmp_path, monkeypatch):
-    from emberfs.storageserver import chunkstore
+    from emberfs.storageserver import chunkfiles
 
     with ChunkStore(tmp_path / "a", block_size=BS, spare_bytes=2 * CS) as store:
         for index in range(3):
@@ -344,7 +344,7 @@ def test_spares_are_bounded(tmp_path, monkeypatch):
         write(store, 1, 0, 1, 0, os.urandom(CS))
         store.remove(1, 0)
         assert spare_files(store.root) == [] and chunk_files(store.root) == []
-    monkeypatch.setattr(chunkstore, "MAX_SPARES", 2)
+    monkeypatch.setattr(chunkfiles, "MAX_SPARES", 2)
     with ChunkStore(tmp_path / "c", block_size=BS) as store:
         for index in range(5):
             write(store, 1, index, 1, 0, b"tiny")
@@ -619,16 +619,16 @@ def test_direct_io_writes_every_size_and_buffer_exactly(tmp_path, source, size):
 def test_direct_io_refused_falls_back_to_the_page_cache(tmp_path, monkeypatch):
     import errno as errno_mod
 
-    from emberfs.storageserver import chunkstore
+    from emberfs.storageserver import chunkfiles
 
     real_open = os.open
 
     def refusing_open(path, flags, *args):
-        if flags & chunkstore._O_DIRECT:
+        if flags & chunkfiles._O_DIRECT:
             raise OSError(errno_mod.EINVAL, "Invalid argument")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(chunkstore.os, "open", refusing_open)
+    monkeypatch.setattr(chunkfiles.os, "open", refusing_open)
     payload = random.randbytes(3 * 4096 + 5)
     with ChunkStore(tmp_path / "t", direct_io=True) as store:
         store.stage(5, 0, 1, 0, payload, chunk_size=CS, full_chunk=True)

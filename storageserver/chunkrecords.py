@@ -1,0 +1,275 @@
+"""The chunk records of one storage target: a RocksDB under ``root/meta``, and its recovery.
+
+One record per chunk, keyed by (inode, index) as big-endian integers, so a
+scan lists the chunks in id order. A record (:class:`ChunkRecord`) holds the
+committed and the pending version of the chunk, each with its file id, length,
+CRC32C of every ``block_size`` block and CRC32C of the whole content; the file
+id and the version name the chunk file
+(:meth:`~emberfs.storageserver.chunkfiles.ChunkFiles.path`). Inode 0 is never
+a chunk: its key holds the store's settings (record format and block size),
+checked when the store is opened.
+
+Reopening (:meth:`ChunkRecords.recover`) drops pending versions, which no
+chain acknowledged, and records whose committed file is missing or has
+another size; then the chunk files no record refers to are deleted. After
+``kill -9`` at any point a chunk so reads back as its last committed version.
+
+Records are written with the WAL synced only when ``sync`` is set; callers
+serialise the read-modify-write of one record
+(:class:`~emberfs.storageserver.chunkstore.ChunkStore` holds a lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emberfs.common import framing
+from emberfs.storageserver.chunkfiles import ChunkFiles
+
+log = logging.getLogger(__name__)
+
+_KEY = struct.Struct(">QI")
+_CONFIG_KEY = b"\x00" * _KEY.size  # inode 0 is never a chunk: the store's own settings
+_CONFIG = struct.Struct("<II")  # format, block size
+_FORMAT = 1
+_RECORD = struct.Struct("<BQQIIQQII")
+
+
+@dataclass
+class ChunkMeta:
+    """What a target knows about one chunk.
+
+    Attributes
+    ----------
+    inode, index : int
+        The chunk id.
+    version : int
+        Committed version (0: nothing committed yet).
+    pending_version : int
+        Staged, not yet committed version (0: nothing pending).
+    length : int
+        Length of the committed content.
+    crcs : list of int
+        CRC32C of each ``block_size`` block of the committed content.
+    checksum : int
+        CRC32C of the whole committed content.
+    pending_length : int
+        Length of the pending content (0 when nothing is pending).
+    pending_checksum : int
+        CRC32C of the whole pending content.
+    """
+
+    inode: int
+    index: int
+    version: int
+    pending_version: int
+    length: int
+    crcs: list[int]
+    checksum: int
+    pending_length: int = 0
+    pending_checksum: int = 0
+
+
+@dataclass
+class ChunkRecord:
+    """The stored record of one chunk: committed (``c_``) and pending (``p_``) version.
+
+    Each has a version (0: none), the file id, the length, the CRC32C of the
+    whole content and of each block.
+    """
+
+    c_version: int = 0
+    c_fid: int = 0
+    c_len: int = 0
+    c_sum: int = 0
+    p_version: int = 0
+    p_fid: int = 0
+    p_len: int = 0
+    p_sum: int = 0
+    c_crcs: list[int] = field(default_factory=list)
+    p_crcs: list[int] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        head = _RECORD.pack(
+            _FORMAT,
+            self.c_version,
+            self.c_fid,
+            self.c_len,
+            self.c_sum,
+            self.p_version,
+            self.p_fid,
+            self.p_len,
+            self.p_sum,
+        )
+        crcs = self.c_crcs + self.p_crcs
+        return head + struct.pack(f"<{len(crcs)}I", *crcs)
+
+    @classmethod
+    def decode(cls, raw: bytes, block_size: int) -> ChunkRecord:
+        fmt, cv, cf, cl, cs, pv, pf, pl, ps = _RECORD.unpack_from(raw)
+        if fmt != _FORMAT:
+            raise ValueError(f"unknown chunk record format {fmt}")
+        nc = framing.n_blocks(cl, block_size)
+        np_ = framing.n_blocks(pl, block_size)
+        crcs = list(struct.unpack_from(f"<{nc + np_}I", raw, _RECORD.size))
+        return cls(cv, cf, cl, cs, pv, pf, pl, ps, crcs[:nc], crcs[nc:])
+
+    def drop_pending(self) -> None:
+        self.p_version = self.p_fid = self.p_len = self.p_sum = 0
+        self.p_crcs = []
+
+    def meta(self, inode: int, index: int) -> ChunkMeta:
+        """What the record says of chunk ``(inode, index)``."""
+        return ChunkMeta(
+            inode=inode,
+            index=index,
+            version=self.c_version,
+            pending_version=self.p_version,
+            length=self.c_len,
+            crcs=list(self.c_crcs),
+            checksum=self.c_sum,
+            pending_length=self.p_len,
+            pending_checksum=self.p_sum,
+        )
+
+
+class ChunkRecords:
+    """The RocksDB of chunk records under ``root/meta``, opened (and created if missing).
+
+    Parameters
+    ----------
+    root : Path
+        The target's directory.
+    block_size : int
+        Bytes per stored CRC32C; a store created with another one is refused
+        with ``ValueError``.
+    sync : bool, default False
+        Sync the WAL on every write.
+    """
+
+    def __init__(self, root: Path, block_size: int, *, sync: bool = False):
+        from rocksdict import Options, Rdict, WriteOptions
+
+        self.root = Path(root)
+        self.block_size = block_size
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self._db = Rdict(str(self.root / "meta"), opts)
+        self._wopts = WriteOptions()
+        self._wopts.sync = sync
+        try:
+            self._check_config()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _check_config(self) -> None:
+        raw = self._db.get(_CONFIG_KEY)
+        if raw is None:
+            self._db.put(_CONFIG_KEY, _CONFIG.pack(_FORMAT, self.block_size), self._wopts)
+            return
+        fmt, block_size = _CONFIG.unpack(raw)
+        if fmt != _FORMAT:
+            raise ValueError(f"{self.root}: unknown chunk store format {fmt}")
+        if block_size != self.block_size:
+            raise ValueError(
+                f"{self.root}: created with block size {block_size}, opened with {self.block_size}"
+            )
+
+    def recover(self, files: ChunkFiles) -> int:
+        """Drop pending versions, and records whose file is missing or has the wrong size.
+
+        Then ``files`` takes up what a previous run left: the chunk files no
+        record refers to go. Returns the number of records kept.
+        """
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        changes = 0
+        count = 0
+        referenced: dict[Path, int] = {}
+        max_fid = 0
+        it = self._db.iter()
+        it.seek(_KEY.pack(1, 0))
+        while it.valid():
+            key, raw = it.key(), it.value()
+            it.next()
+            inode, index = _KEY.unpack(key)
+            rec = ChunkRecord.decode(raw, self.block_size)
+            max_fid = max(max_fid, rec.c_fid, rec.p_fid)
+            dirty = False
+            if rec.p_version:
+                rec.drop_pending()
+                dirty = True
+            if rec.c_version:
+                path = files.path(inode, index, rec.c_version, rec.c_fid)
+                size = files.size(path)
+                if size != rec.c_len:
+                    log.error(
+                        "%s: chunk %d:%d version %d: file %s (size %d, expected %d); dropped",
+                        self.root,
+                        inode,
+                        index,
+                        rec.c_version,
+                        "missing" if size < 0 else "wrong size",
+                        size,
+                        rec.c_len,
+                    )
+                    rec = ChunkRecord()
+                    dirty = True
+                else:
+                    referenced[path] = size
+            if not rec.c_version:
+                batch.delete(key)
+                changes += 1
+                continue
+            if dirty:
+                batch.put(key, rec.encode())
+                changes += 1
+            count += 1
+        if changes:
+            self._db.write(batch, self._wopts)
+        files.recover(referenced, max_fid)
+        return count
+
+    def get(self, inode: int, index: int) -> ChunkRecord | None:
+        """The record of chunk ``(inode, index)``, or None."""
+        raw = self._db.get(_KEY.pack(inode, index))
+        return None if raw is None else ChunkRecord.decode(raw, self.block_size)
+
+    def put(self, inode: int, index: int, rec: ChunkRecord) -> None:
+        """Store the record of chunk ``(inode, index)``."""
+        self._db.put(_KEY.pack(inode, index), rec.encode(), self._wopts)
+
+    def delete(self, inode: int, index: int) -> None:
+        """Delete the record of chunk ``(inode, index)``."""
+        self._db.delete(_KEY.pack(inode, index), self._wopts)
+
+    def scan(
+        self, inode: int, after: tuple[int, int] | None, limit: int | None
+    ) -> Iterator[ChunkMeta]:
+        """Up to ``limit`` chunks of ``inode`` (0: of every inode) in id order, after ``after``."""
+        start = _KEY.pack(max(inode, 1), 0)
+        if after is not None:
+            start = max(start, _KEY.pack(*after) + b"\x00")
+        it = self._db.iter()
+        it.seek(start)
+        n = 0
+        while it.valid() and (limit is None or n < limit):
+            ino, index = _KEY.unpack(it.key())
+            if inode and ino != inode:
+                break
+            yield ChunkRecord.decode(it.value(), self.block_size).meta(ino, index)
+            n += 1
+            it.next()
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+
+__all__ = ["ChunkMeta", "ChunkRecord", "ChunkRecords"]
