@@ -305,6 +305,13 @@ class DataServer:
         conn.status = Status.OK
         framing.send_frame(conn.sock, op | framing.RESPONSE, meta)
 
+    def _answer(self, conn: _Conn, op: int, result) -> None:
+        """Answer ``op`` with ``result``: a response message, or a refusal."""
+        if isinstance(result, wire.Refused):
+            self._error(conn, op, result)
+        else:
+            self._respond(conn, op, result.SerializeToString())
+
     def _error(self, conn: _Conn, op: int, reject: wire.Refused) -> bool:
         if reject.status == Status.STALE_CHAIN and self._on_stale is not None:
             self._on_stale()
@@ -380,10 +387,7 @@ class DataServer:
                 if isinstance(result, WritePlan):
                     result = self._replicate(store, result, data, frame)
                 self.replica.answer(key, result)
-        if isinstance(result, wire.Refused):
-            self._error(conn, Op.WRITE, result)
-        else:
-            self._respond(conn, Op.WRITE, result.SerializeToString())
+        self._answer(conn, Op.WRITE, result)
 
     def _replicate(
         self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
@@ -502,10 +506,7 @@ class DataServer:
             if result is None:
                 result = self._cut(store, req, role)
                 self.replica.answer(key, result)
-        if isinstance(result, wire.Refused):
-            self._error(conn, Op.TRUNCATE, result)
-        else:
-            self._respond(conn, Op.TRUNCATE, result.SerializeToString())
+        self._answer(conn, Op.TRUNCATE, result)
 
     def _cut(
         self, store: ChunkStore, req: data_pb2.ChunkTruncateRequest, role: rp.WriteRole
