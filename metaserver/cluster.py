@@ -32,11 +32,6 @@ from emberfs.metaserver.kv import KVEngine, Transaction, prefix_end, run_transac
 from emberfs.proto import cluster_pb2, common_pb2
 
 _U64 = struct.Struct(">Q")
-_NEXT_TARGET = "cluster.next_target_id"
-_NEXT_CHAIN = "cluster.next_chain_id"
-_ROUTING_VERSION = "cluster.routing_version"
-_DRAINS = "cluster.drains"  # JSON {drained target id: replacement target id}
-_FENCED = "cluster.fenced"  # JSON [target ids held offline until their node registers again]
 
 MAX_NODE_ID = 255
 MAX_TARGETS_PER_NODE = 1024
@@ -208,15 +203,15 @@ class ClusterManager:
             members = tuple(rec.targets)
             states = tuple(self._targets[t].state for t in members)
             self._chains[rec.chain_id] = Chain(rec.chain_id, rec.version, members, states)
-        self._next_target = self._counter(_NEXT_TARGET, 1)
-        self._next_chain = self._counter(_NEXT_CHAIN, 1)
-        self._routing_version = self._counter(_ROUTING_VERSION, 0)
+        self._next_target = self._counter(keys.NEXT_TARGET, 1)
+        self._next_chain = self._counter(keys.NEXT_CHAIN, 1)
+        self._routing_version = self._counter(keys.ROUTING_VERSION, 0)
         self._routing_cache: common_pb2.RoutingInfo | None = None
-        raw = self.engine.get(keys.config_key(_DRAINS))
+        raw = self.engine.get(keys.config_key(keys.DRAINS))
         self._drains: dict[int, int] = (
             {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
         )
-        raw = self.engine.get(keys.config_key(_FENCED))
+        raw = self.engine.get(keys.config_key(keys.FENCED))
         self._fenced: set[int] = set(json.loads(raw)) if raw else set()
 
     def _counter(self, name: str, default: int) -> int:
@@ -239,9 +234,9 @@ class ClusterManager:
             return
         version = self._routing_version + 1 if changes.bumps_routing else self._routing_version
         puts: dict[bytes, bytes] = {
-            keys.config_key(_NEXT_TARGET): _U64.pack(self._next_target),
-            keys.config_key(_NEXT_CHAIN): _U64.pack(self._next_chain),
-            keys.config_key(_ROUTING_VERSION): _U64.pack(version),
+            keys.config_key(keys.NEXT_TARGET): _U64.pack(self._next_target),
+            keys.config_key(keys.NEXT_CHAIN): _U64.pack(self._next_chain),
+            keys.config_key(keys.ROUTING_VERSION): _U64.pack(version),
         }
         for node_id in changes.nodes:
             puts[keys.node_key(node_id)] = self._nodes[node_id].encode()
@@ -252,10 +247,10 @@ class ClusterManager:
             rec = common_pb2.ChainInfo(chain_id=cid, version=c.version, targets=c.targets)
             puts[keys.chain_key(cid)] = rec.SerializeToString()
         if changes.admin:
-            puts[keys.config_key(_DRAINS)] = json.dumps(
+            puts[keys.config_key(keys.DRAINS)] = json.dumps(
                 {str(k): v for k, v in sorted(self._drains.items())}
             ).encode()
-            puts[keys.config_key(_FENCED)] = json.dumps(sorted(self._fenced)).encode()
+            puts[keys.config_key(keys.FENCED)] = json.dumps(sorted(self._fenced)).encode()
         try:
             self.engine.write(puts, sync=changes.bumps_routing or changes.admin)
         except BaseException:
@@ -649,19 +644,15 @@ class ClusterManager:
         return required
 
     @staticmethod
-    def _gc_id(key: bytes) -> int:
-        return _U64.unpack(key[len(keys.GC) :])[0]
-
-    @classmethod
-    def _gc_item(cls, key: bytes, raw: bytes) -> cluster_pb2.GCItem:
+    def _gc_item(key: bytes, raw: bytes) -> cluster_pb2.GCItem:
         item = cluster_pb2.GCItem.FromString(raw)
-        item.gc_id = cls._gc_id(key)  # the key is authoritative
+        item.gc_id = keys.gc_id(key)  # the key is authoritative
         return item
 
     @staticmethod
     def _gc_acked(txn: Transaction | KVEngine, gc_id: int) -> set[int]:
-        prefix = keys.GC_ACK + _U64.pack(gc_id)
-        return {struct.unpack(">I", k[len(prefix) :])[0] for k, _ in txn.scan_prefix(prefix)}
+        prefix = keys.gc_ack_prefix(gc_id)
+        return {keys.gc_ack_target(k) for k, _ in txn.scan_prefix(prefix)}
 
     def _finish_if_done(self, txn: Transaction, item: cluster_pb2.GCItem) -> bool:
         acked = self._gc_acked(txn, item.gc_id)
@@ -750,7 +741,7 @@ class ClusterManager:
         if items:
             # The whole queue from its start: an item that reached the queue without
             # ``gc_queued`` below the floor is found here and fetched from now on.
-            self._gc_floor.lower(self._gc_id(items[0][0]))
+            self._gc_floor.lower(keys.gc_id(items[0][0]))
         for key, raw in items:
             item = self._gc_item(key, raw)
 

@@ -128,9 +128,9 @@ class Namespace:
             chain_table=chain_table,
             truncate_chunks=truncate_chunks,
             default_layout=layout.dir_layout(default_layout),
-            inode_ids=IdAllocator(engine, "next_inode", first=schema.ROOT_INODE + 1),
-            seeds=IdAllocator(engine, "next_seed", first=0),
-            session_ids=IdAllocator(engine, "next_session", first=1),
+            inode_ids=IdAllocator(engine, keys.NEXT_INODE, first=schema.ROOT_INODE + 1),
+            seeds=IdAllocator(engine, keys.NEXT_SEED, first=0),
+            session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
         )
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
@@ -483,9 +483,7 @@ class Namespace:
             "directories": by_type.get(common_pb2.DIRECTORY, 0),
             "symlinks": by_type.get(common_pb2.SYMLINK, 0),
             "sessions": sum(
-                1
-                for key, _ in self.engine.scan_prefix(keys.SESSION)
-                if schema.is_session_record(key)
+                1 for key, _ in self.engine.scan_prefix(keys.SESSION) if keys.is_session_key(key)
             ),
         }
 
@@ -505,7 +503,7 @@ class Namespace:
             for s in (
                 schema.decode_session(key, raw)
                 for key, raw in self.engine.scan_prefix(keys.SESSION)
-                if schema.is_session_record(key)
+                if keys.is_session_key(key)
             )
         ]
 

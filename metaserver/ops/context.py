@@ -145,9 +145,9 @@ class OpContext:
         self.txn.delete(keys.inode_key(attr.inode))
         self.delta[attr.type] = self.delta.get(attr.type, 0) - 1
         if attr.type == common_pb2.DIRECTORY:
-            self.txn.delete(schema.dir_guard_key(attr.inode))
+            self.txn.delete(keys.dir_guard_key(attr.inode))
         elif attr.type == common_pb2.FILE:
-            self.txn.delete(schema.session_guard_key(attr.inode))
+            self.txn.delete(keys.session_guard_key(attr.inode))
 
     # directory entries ----------------------------------------------------
 
@@ -158,7 +158,7 @@ class OpContext:
     def put_dentry(self, parent: int, name: str, attr: common_pb2.InodeAttr) -> None:
         """Add or replace an entry, and move the directory's entry guard."""
         self.txn.put(keys.dentry_key(parent, name), schema.encode_dentry(attr.inode, attr.type))
-        self.txn.put(schema.dir_guard_key(parent), schema.new_guard_value())
+        self.txn.put(keys.dir_guard_key(parent), schema.new_guard_value())
 
     def delete_dentry(self, parent: int, name: str) -> None:
         self.txn.delete(keys.dentry_key(parent, name))
@@ -172,14 +172,14 @@ class OpContext:
 
     def is_empty_dir(self, directory: int) -> bool:
         """True when a directory has no entries; reads its guard, so a racing insert conflicts."""
-        self.txn.get(schema.dir_guard_key(directory))
+        self.txn.get(keys.dir_guard_key(directory))
         return next(iter(self.entries(directory, limit=1)), None) is None
 
     # write sessions -------------------------------------------------------
 
     def sessions_of(self, inode: int) -> list[schema.Session]:
         """The open write sessions of a file; reads its guard, so a racing open conflicts."""
-        guard = schema.session_guard_key(inode)
+        guard = keys.session_guard_key(inode)
         self.txn.get(guard)
         return [schema.decode_session(key, raw) for key, raw in self.txn.scan_prefix(guard, guard)]
 
@@ -192,12 +192,12 @@ class OpContext:
             keys.session_key(inode, session_id),
             schema.encode_session(self.client_id, self.now),
         )
-        self.txn.put(schema.session_guard_key(inode), schema.new_guard_value())
+        self.txn.put(keys.session_guard_key(inode), schema.new_guard_value())
         return session_id
 
     def end_session(self, inode: int, session_id: int) -> None:
         self.txn.delete(keys.session_key(inode, session_id))
-        self.txn.put(schema.session_guard_key(inode), schema.new_guard_value())
+        self.txn.put(keys.session_guard_key(inode), schema.new_guard_value())
 
     # garbage collection ---------------------------------------------------
 

@@ -73,14 +73,6 @@ class PruneHints:
                 self._first.popitem(last=False)
 
 
-def client_prefix(client_id: str) -> bytes:
-    return keys.IDEMPOTENT + client_id.encode() + b"\x00"
-
-
-def _request_id(key: bytes, prefix: bytes) -> int:
-    return int.from_bytes(key[len(prefix) : len(prefix) + 8], "big")
-
-
 def find(
     txn: Transaction, client_id: str, request_id: int, method: str, response_type: type[Message]
 ) -> Message | None:
@@ -123,11 +115,11 @@ def store(
         keys.idempotent_key(client_id, request_id),
         schema.encode_idempotent(method, now, response.SerializeToString()),
     )
-    prefix = client_prefix(client_id)
+    prefix = keys.idempotent_prefix(client_id)
     first = 0 if hints is None else hints.first(client_id)
     start = keys.idempotent_key(client_id, first) if first else prefix
     for key, raw in txn.engine.scan(start, prefix_end(prefix), PRUNE_PER_STORE):
-        first = _request_id(key, prefix)
+        first = keys.idempotent_request_id(key)
         behind = first <= request_id - WINDOW
         if not behind and now - schema.decode_idempotent(raw).stored_ns <= RETRY_HORIZON_NS:
             break

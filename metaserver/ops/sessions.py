@@ -184,7 +184,7 @@ def lapsed(engine: KVEngine, deadline_ns: int) -> list[schema.Session]:
         for session in (
             schema.decode_session(key, raw)
             for key, raw in engine.scan_prefix(keys.SESSION)
-            if schema.is_session_record(key)
+            if keys.is_session_key(key)
         )
         if session.renewed_ns <= deadline_ns
     ]

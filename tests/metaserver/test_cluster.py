@@ -298,7 +298,7 @@ def test_gc_items_are_fetched_acked_and_removed(three, engine, clock):
     for tid in (3, 5):
         three.ack_gc(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=[10]))
     assert engine.get(keys.gc_key(10)) is None
-    assert list(engine.scan_prefix(keys.GC_ACK + (10).to_bytes(8, "big"))) == []
+    assert list(engine.scan_prefix(keys.gc_ack_prefix(10))) == []
     three.ack_gc(cluster_pb2.AckGCRequest(target_id=3, gc_ids=[10]))  # repeated: harmless
     assert engine.get(keys.gc_ack_key(10, 3)) is None
     with pytest.raises(errors.InvalidArgument):

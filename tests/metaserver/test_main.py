@@ -383,13 +383,11 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
             if keys.dentry_name(key) == "":
                 continue  # a directory's guard key, not an entry
             referenced.add(schema.decode_dentry(value).inode)
-        gc_pending = {
-            int.from_bytes(k[len(keys.GC) :], "big") for k, _ in engine.scan_prefix(keys.GC)
-        }
+        gc_pending = {keys.gc_id(k) for k, _ in engine.scan_prefix(keys.GC)}
         open_for_write = {  # a removed file keeps its inode while a write session is open
             schema.decode_session(k, v).inode
             for k, v in engine.scan_prefix(keys.SESSION)
-            if schema.is_session_record(k)
+            if keys.is_session_key(k)
         }
     finally:
         engine.close()
