@@ -88,8 +88,8 @@ class Namespace:
         :meth:`Namespace.expire_sessions` ends it (default 300).
     gc_queued : callable, optional
         ``gc_queued(gc_ids)`` is told the GC items an operation queued, after
-        its commit (:meth:`ClusterManager.gc_queued
-        <emberfs.metaserver.cluster.ClusterManager.gc_queued>`, so that
+        its commit (:meth:`GCQueue.queued
+        <emberfs.metaserver.gcqueue.GCQueue.queued>`, so that
         ``FetchGC`` scans need not start at the front of the queue).
 
     Every method takes a MetaService request message and returns its

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emberfs.common.errors import Internal, InvalidArgument
-from emberfs.metaserver import keys, schema
+from emberfs.metaserver import gcqueue, keys, schema
 from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
-from emberfs.proto import cluster_pb2, common_pb2
+from emberfs.proto import common_pb2
 
 MAX_CLIENT_ID_BYTES = 256
 MAX_GROUPS = 64
@@ -203,6 +203,4 @@ class OpContext:
 
     def queue_gc(self, attr: common_pb2.InodeAttr) -> None:
         """Queue the chunks of a removed file for deletion on storage."""
-        item = cluster_pb2.GCItem(gc_id=attr.inode, inode=attr.inode, chains=attr.layout.chains)
-        self.txn.put(keys.gc_key(attr.inode), item.SerializeToString())
-        self.gc_queued.append(attr.inode)
+        self.gc_queued.append(gcqueue.add(self.txn, attr))

@@ -466,7 +466,8 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
         def check_timeouts(self):
             pass
 
-        def collect_gc(self):
+    class GCQueue:
+        def collect(self):
             pass
 
     class Namespace:
@@ -482,7 +483,7 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
             return 0
 
     loop = threading.Thread(
-        target=meta_main._timeout_loop, args=(Cluster(), Namespace(), stop, 0.01, 1.0)
+        target=meta_main._timeout_loop, args=(Cluster(), GCQueue(), Namespace(), stop, 0.01, 1.0)
     )
     loop.start()
     loop.join(timeout=10)
