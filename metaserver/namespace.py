@@ -5,7 +5,7 @@ directory entries, write sessions, stored request results) and runs every
 operation of :mod:`emberfs.metaserver.ops` inside
 :func:`~emberfs.metaserver.kv.run_transaction`, so the store never holds
 half an operation. Mutating requests that carry a client id and request id
-are deduplicated (:mod:`emberfs.metaserver.ops.idempotency`).
+are deduplicated (:mod:`emberfs.metaserver.idempotency`).
 
 On first start the root directory (inode 1) is created with mode 0o777,
 owned by uid 0, so that any uid can create entries in it; tighten it with
@@ -33,24 +33,23 @@ from google.protobuf.message import Message
 
 from emberfs.common import layout as layouts
 from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
-from emberfs.metaserver import keys, schema
+from emberfs.metaserver import dirlayout, idempotency, keys, schema
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
+from emberfs.metaserver.opcontext import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.metaserver.ops import (
     create,
-    idempotency,
-    layout,
     links,
     listing,
     mkdir,
     remove,
     rename,
     sessions,
+    setlayout,
     stat,
     statfs,
     truncate,
 )
 from emberfs.metaserver.ops import setattr as setattr_op
-from emberfs.metaserver.ops.context import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
 ROOT_MODE = 0o777
@@ -127,7 +126,7 @@ class Namespace:
             clock=clock,
             chain_table=chain_table,
             truncate_chunks=truncate_chunks,
-            default_layout=layout.dir_layout(default_layout),
+            default_layout=dirlayout.dir_layout(default_layout),
             inode_ids=IdAllocator(engine, keys.NEXT_INODE, first=schema.ROOT_INODE + 1),
             seeds=IdAllocator(engine, keys.NEXT_SEED, first=0),
             session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
@@ -469,7 +468,7 @@ class Namespace:
 
     def set_layout(self, req: meta_pb2.SetLayoutRequest) -> meta_pb2.SetLayoutResponse:
         """Set the layout of a directory."""
-        return self._run(layout.set_layout, req, "SetLayout")
+        return self._run(setlayout.set_layout, req, "SetLayout")
 
     # state for StatFs and the admin API -------------------------------------
 

@@ -18,10 +18,10 @@ loses its unsynced length.
 from __future__ import annotations
 
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
-from emberfs.metaserver import keys, schema
+from emberfs.metaserver import access, keys, lookup, schema
 from emberfs.metaserver.kv import KVEngine
-from emberfs.metaserver.ops import access, create, lookup, remove, stat
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver.opcontext import OpContext
+from emberfs.metaserver.ops import create, remove, stat
 from emberfs.proto import common_pb2, meta_pb2
 
 ALL_FLAGS = (

@@ -7,10 +7,9 @@ import errno
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
+from emberfs.metaserver import idempotency, keys
 from emberfs.metaserver.kv import MemoryEngine
 from emberfs.metaserver.namespace import Namespace
-from emberfs.metaserver.ops import idempotency
 from emberfs.proto import common_pb2, meta_pb2
 
 

@@ -27,9 +27,8 @@ from emberfs.common.errors import (
     NotFound,
     TooManyLinks,
 )
-from emberfs.metaserver import schema
-from emberfs.metaserver.ops import access
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, schema
+from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2
 
 MAX_SYMLINKS = 40
