@@ -15,7 +15,7 @@ Directory entries are added and removed without writing the parent
 directory's inode, so creates in one directory never conflict with each
 other: a directory's mtime and ctime change only with its own attributes,
 and its nlink stays 2. Emptiness checks use the directory's entry guard
-instead (see :mod:`emberfs.metaserver.schema`).
+instead (see :mod:`emberfs.metaserver.records`).
 
 The inode counts behind :meth:`Namespace.counts` are kept in memory: one
 scan of the inodes at start-up, then adjusted after each commit.
@@ -33,7 +33,7 @@ from google.protobuf.message import Message
 
 from emberfs.common import layout as layouts
 from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
-from emberfs.metaserver import dirlayout, idempotency, keys, schema
+from emberfs.metaserver import dirlayout, idempotency, keys, records
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
 from emberfs.metaserver.opcontext import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.metaserver.ops import (
@@ -127,7 +127,7 @@ class Namespace:
             chain_table=chain_table,
             truncate_chunks=truncate_chunks,
             default_layout=dirlayout.dir_layout(default_layout),
-            inode_ids=IdAllocator(engine, keys.NEXT_INODE, first=schema.ROOT_INODE + 1),
+            inode_ids=IdAllocator(engine, keys.NEXT_INODE, first=records.ROOT_INODE + 1),
             seeds=IdAllocator(engine, keys.NEXT_SEED, first=0),
             session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
         )
@@ -140,12 +140,12 @@ class Namespace:
     # set-up ---------------------------------------------------------------
 
     def _make_root(self, txn: Transaction) -> None:
-        key = keys.inode_key(schema.ROOT_INODE)
+        key = keys.inode_key(records.ROOT_INODE)
         if txn.get(key) is not None:
             return
         now = self._clock()
         root = common_pb2.InodeAttr(
-            inode=schema.ROOT_INODE,
+            inode=records.ROOT_INODE,
             type=common_pb2.DIRECTORY,
             mode=ROOT_MODE,
             nlink=2,
@@ -153,12 +153,12 @@ class Namespace:
             ctime_ns=now,
             crtime_ns=now,
         )
-        txn.put(key, schema.encode_inode(root))
+        txn.put(key, records.encode_inode(root))
 
     def _scan_counts(self) -> dict[int, int]:
         counts: dict[int, int] = {}
         for _, raw in self.engine.scan_prefix(keys.INODE):
-            file_type = schema.decode_inode(raw).type
+            file_type = records.decode_inode(raw).type
             counts[file_type] = counts.get(file_type, 0) + 1
         return counts
 
@@ -380,7 +380,7 @@ class Namespace:
         """
         return self._run(sessions.renew, req, None)
 
-    def expire_sessions(self, now: int | None = None) -> list[schema.Session]:
+    def expire_sessions(self, now: int | None = None) -> list[records.Session]:
         """End the write sessions not renewed within the session timeout.
 
         Each session ends in a transaction of its own, like a Close without a
@@ -405,10 +405,10 @@ class Namespace:
             )
         return ended
 
-    def _expire_one(self, candidate: schema.Session, deadline: int) -> schema.Session | None:
+    def _expire_one(self, candidate: records.Session, deadline: int) -> records.Session | None:
         last: list[OpContext] = []
 
-        def attempt(txn: Transaction) -> schema.Session | None:
+        def attempt(txn: Transaction) -> records.Session | None:
             op = OpContext(txn, Credentials(0, 0, frozenset()), self._env, self._clock())
             last[:] = [op]
             return sessions.expire(op, candidate.inode, candidate.session_id, deadline)
@@ -500,7 +500,7 @@ class Namespace:
                 "expires": s.renewed_ns + self.session_timeout_ns,
             }
             for s in (
-                schema.decode_session(key, raw)
+                records.decode_session(key, raw)
                 for key, raw in self.engine.scan_prefix(keys.SESSION)
                 if keys.is_session_key(key)
             )

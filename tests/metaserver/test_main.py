@@ -312,7 +312,7 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
     """
     import random
 
-    from emberfs.metaserver import keys, schema
+    from emberfs.metaserver import keys, records
     from emberfs.metaserver.kv import RocksEngine
 
     metaserver.start()
@@ -377,15 +377,15 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
     # every inode but the root is reachable through an entry.
     engine = RocksEngine(metaserver.data_dir / "meta")
     try:
-        inodes = {schema.decode_inode(v).inode for _, v in engine.scan_prefix(keys.INODE)}
+        inodes = {records.decode_inode(v).inode for _, v in engine.scan_prefix(keys.INODE)}
         referenced = set()
         for key, value in engine.scan_prefix(keys.DENTRY):
             if keys.dentry_name(key) == "":
                 continue  # a directory's guard key, not an entry
-            referenced.add(schema.decode_dentry(value).inode)
+            referenced.add(records.decode_dentry(value).inode)
         gc_pending = {keys.gc_id(k) for k, _ in engine.scan_prefix(keys.GC)}
         open_for_write = {  # a removed file keeps its inode while a write session is open
-            schema.decode_session(k, v).inode
+            records.decode_session(k, v).inode
             for k, v in engine.scan_prefix(keys.SESSION)
             if keys.is_session_key(k)
         }
