@@ -28,12 +28,12 @@ from emberfs.common import layout as layout_rules
 from emberfs.common.addresses import join_address, split_address
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver import service as meta_service
+from emberfs.metaserver.chunk_truncation import truncate_chunks
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import KVEngine, RocksEngine
 from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.namespace import Namespace
-from emberfs.metaserver.truncate import truncate_chunks
 from emberfs.proto import common_pb2
 
 log = logging.getLogger("emberfs.metaserver")
