@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         grpc_server.start()
 
-        from emberfs.metaserver.admin import create_app
+        from emberfs.metaserver.api import create_app
 
         try:
             app = create_app(cluster, gc, namespace, admin_token=args.admin_token)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from emberfs.metaserver.admin import create_app
+from emberfs.metaserver.api import create_app
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import MemoryEngine
