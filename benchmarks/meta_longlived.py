@@ -2,7 +2,7 @@
 
 Every mutating request stores its response for deduplication, and each store
 prunes that client's records older than the retry horizon (see
-``emberfs.metaserver.ops.idempotency``). In RocksDB a pruned record stays a
+``emberfs.metaserver.idempotency``). In RocksDB a pruned record stays a
 tombstone until compaction, so the prune scan must not start over those
 tombstones. This runs a namespace in-process on a RocksDB store (WAL written,
 not synced: the sync is measured by ``meta_rate``) with a clock that moves

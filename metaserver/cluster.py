@@ -1,10 +1,12 @@
-"""The cluster manager: storage nodes, targets, chains, routing and the GC queue.
+"""The cluster manager: storage nodes, targets, chains, routing, heartbeats and failover.
 
 :class:`ClusterManager` keeps the cluster state of the metaserver in the KV
 store (``NODE``/``TRGT``/``CHAN``/``CONF`` keys, see
-:mod:`emberfs.metaserver.keys`) with a copy in memory, serves the
-``ClusterService`` calls as plain methods (protobuf in, protobuf out) and
-decides state changes with the pure rules of :mod:`emberfs.metaserver.chainstate`.
+:mod:`emberfs.metaserver.keys`) with a copy in memory, serves the node calls
+of ``ClusterService`` (``RegisterNode``, ``Heartbeat``, ``GetRouting``,
+``SyncDone``) as plain methods (protobuf in, protobuf out) and decides state
+changes with the pure rules of :mod:`emberfs.metaserver.chainstate`. The GC
+calls are served by :class:`~emberfs.metaserver.gcqueue.GCQueue`.
 Every change is written (one atomic, durable batch) before a call returns, so
 a restarted metaserver resumes with the same targets, chains and versions.
 
@@ -21,29 +23,20 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from emberfs.common import errors
 from emberfs.common.addresses import split_address
 from emberfs.metaserver import chainstate, keys
 from emberfs.metaserver.chainstate import OFFLINE, SERVING, Chain
-from emberfs.metaserver.kv import KVEngine, Transaction, prefix_end, run_transaction
+from emberfs.metaserver.kv import KVEngine
 from emberfs.proto import cluster_pb2, common_pb2
 
 _U64 = struct.Struct(">Q")
-_NEXT_TARGET = "cluster.next_target_id"
-_NEXT_CHAIN = "cluster.next_chain_id"
-_ROUTING_VERSION = "cluster.routing_version"
-_DRAINS = "cluster.drains"  # JSON {drained target id: replacement target id}
-_FENCED = "cluster.fenced"  # JSON [target ids held offline until their node registers again]
 
 MAX_NODE_ID = 255
 MAX_TARGETS_PER_NODE = 1024
-DEFAULT_GC_LIMIT = 256
-MAX_GC_LIMIT = 4096
-MAX_GC_ACKS = 10000
-MAX_GC_ID = 2**64 - 1
 
 
 @dataclass
@@ -67,15 +60,6 @@ class Node:
     def decode(cls, raw: bytes) -> Node:
         d = json.loads(raw)
         return cls(d["node_id"], d["data_address"], d["grpc_address"])
-
-
-@dataclass
-class PendingGC:
-    """A queued GC item and the targets that have and have not dropped its chunks."""
-
-    item: cluster_pb2.GCItem
-    acked: list[int]
-    waiting: list[int]
 
 
 @dataclass
@@ -110,54 +94,14 @@ def _validate_node_id(node_id: str) -> None:
         raise errors.InvalidArgument(f"node id {node_id!r} has blank or control characters")
 
 
-class GCFloor:
-    """The lowest id a queued GC item may have, so that scans skip the queue's removed front.
-
-    GC items are keyed by inode id, so a removal queues an item under an old
-    id as often as under a new one, and every finished item leaves a RocksDB
-    tombstone that a scan from the start of the queue steps over until
-    compaction: ``FetchGC`` took 1.0 ms after 15,000 removals and 3.6 ms
-    after 50,000 (in-process), for every call of every storage node.
-
-    Invariant: no queued item has an id below the floor. Queuing an item
-    lowers it (:meth:`lower`, called after the item's commit). A scan reads
-    the floor and a generation (:meth:`start`), and when its first item is
-    ``first`` it raises the floor there (:meth:`raise_to`) unless an item was
-    queued meanwhile: that item may have committed after the scan's snapshot,
-    below ``first``. The floor lives in memory and starts at 0.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._floor = 0
-        self._generation = 0
-
-    def start(self) -> tuple[int, int]:
-        """``(floor, generation)`` for a scan about to start."""
-        with self._lock:
-            return self._floor, self._generation
-
-    def lower(self, gc_id: int) -> None:
-        """An item ``gc_id`` is queued (or may be)."""
-        with self._lock:
-            self._floor = min(self._floor, gc_id)
-            self._generation += 1
-
-    def raise_to(self, first: int, generation: int) -> None:
-        """A scan that started at generation ``generation`` found nothing below ``first``."""
-        with self._lock:
-            if generation == self._generation and first > self._floor:
-                self._floor = first
-
-
 class ClusterManager:
     """Persistent cluster state and the rules that change it.
 
     Parameters
     ----------
     engine : KVEngine
-        The metadata store (shared with the namespace; the manager uses the
-        ``NODE``, ``TRGT``, ``CHAN``, ``CONF``, ``GCQU`` and ``GCAK`` keys).
+        The metadata store (shared with the namespace and the GC queue; the
+        manager uses the ``NODE``, ``TRGT``, ``CHAN`` and ``CONF`` keys).
     replicas : int, default 3
         Targets per new chain, each on a distinct node.
     heartbeat_timeout : float, default 5.0
@@ -183,8 +127,7 @@ class ClusterManager:
         self.heartbeat_timeout = heartbeat_timeout
         self.clock = clock
         self._lock = threading.RLock()
-        self._gc_lock = threading.Lock()  # acknowledgements of one item see each other
-        self._gc_floor = GCFloor()
+        self._offline_listeners: list[Callable[[], None]] = []
         self._load()
         now = clock()
         self._last_seen: dict[str, float] = {node_id: now for node_id in self._nodes}
@@ -208,15 +151,15 @@ class ClusterManager:
             members = tuple(rec.targets)
             states = tuple(self._targets[t].state for t in members)
             self._chains[rec.chain_id] = Chain(rec.chain_id, rec.version, members, states)
-        self._next_target = self._counter(_NEXT_TARGET, 1)
-        self._next_chain = self._counter(_NEXT_CHAIN, 1)
-        self._routing_version = self._counter(_ROUTING_VERSION, 0)
+        self._next_target = self._counter(keys.NEXT_TARGET, 1)
+        self._next_chain = self._counter(keys.NEXT_CHAIN, 1)
+        self._routing_version = self._counter(keys.ROUTING_VERSION, 0)
         self._routing_cache: common_pb2.RoutingInfo | None = None
-        raw = self.engine.get(keys.config_key(_DRAINS))
+        raw = self.engine.get(keys.config_key(keys.DRAINS))
         self._drains: dict[int, int] = (
             {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
         )
-        raw = self.engine.get(keys.config_key(_FENCED))
+        raw = self.engine.get(keys.config_key(keys.FENCED))
         self._fenced: set[int] = set(json.loads(raw)) if raw else set()
 
     def _counter(self, name: str, default: int) -> int:
@@ -239,9 +182,9 @@ class ClusterManager:
             return
         version = self._routing_version + 1 if changes.bumps_routing else self._routing_version
         puts: dict[bytes, bytes] = {
-            keys.config_key(_NEXT_TARGET): _U64.pack(self._next_target),
-            keys.config_key(_NEXT_CHAIN): _U64.pack(self._next_chain),
-            keys.config_key(_ROUTING_VERSION): _U64.pack(version),
+            keys.config_key(keys.NEXT_TARGET): _U64.pack(self._next_target),
+            keys.config_key(keys.NEXT_CHAIN): _U64.pack(self._next_chain),
+            keys.config_key(keys.ROUTING_VERSION): _U64.pack(version),
         }
         for node_id in changes.nodes:
             puts[keys.node_key(node_id)] = self._nodes[node_id].encode()
@@ -252,10 +195,10 @@ class ClusterManager:
             rec = common_pb2.ChainInfo(chain_id=cid, version=c.version, targets=c.targets)
             puts[keys.chain_key(cid)] = rec.SerializeToString()
         if changes.admin:
-            puts[keys.config_key(_DRAINS)] = json.dumps(
+            puts[keys.config_key(keys.DRAINS)] = json.dumps(
                 {str(k): v for k, v in sorted(self._drains.items())}
             ).encode()
-            puts[keys.config_key(_FENCED)] = json.dumps(sorted(self._fenced)).encode()
+            puts[keys.config_key(keys.FENCED)] = json.dumps(sorted(self._fenced)).encode()
         try:
             self.engine.write(puts, sync=changes.bumps_routing or changes.admin)
         except BaseException:
@@ -357,6 +300,30 @@ class ClusterManager:
             except KeyError:
                 raise errors.NotFound(f"no chain {chain_id}") from None
 
+    def chains_of(self, target_ids: Iterable[int]) -> dict[int, int]:
+        """Target id -> chain id (0: in no chain); InvalidArgument for an unknown target."""
+        out = {}
+        with self._lock:
+            for tid in target_ids:
+                info = self._targets.get(tid)
+                if info is None:
+                    raise errors.InvalidArgument(f"unknown target {tid}")
+                out[tid] = info.chain_id
+        return out
+
+    def live_members(self, chain_ids: Iterable[int]) -> set[int]:
+        """The targets of these chains that are not offline (an unknown chain has none)."""
+        members = set()
+        with self._lock:
+            for cid in chain_ids:
+                chain = self._chains.get(cid)
+                if chain is None:
+                    continue
+                for tid, state in zip(chain.targets, chain.states, strict=True):
+                    if state != OFFLINE:
+                        members.add(tid)
+        return members
+
     def nodes(self) -> list[Node]:
         with self._lock:
             return [self._nodes[n] for n in sorted(self._nodes)]
@@ -366,6 +333,19 @@ class ClusterManager:
         with self._lock:
             now = self.clock()
             return {node_id: max(0.0, now - seen) for node_id, seen in self._last_seen.items()}
+
+    # ---------------------------------------------------------------- events
+
+    def on_offline(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` each time a call took targets offline (outside the cluster lock).
+
+        The GC queue sweeps then: an offline target no longer holds up its items.
+        """
+        self._offline_listeners.append(callback)
+
+    def _tell_offline(self) -> None:
+        for callback in self._offline_listeners:
+            callback()
 
     # ---------------------------------------------------------- node protocol
 
@@ -507,7 +487,7 @@ class ClusterManager:
             self._flush(changes)
             went_offline = bool(changes.targets)
         if went_offline:
-            self.collect_gc()
+            self._tell_offline()
 
     # ---------------------------------------------------------- admin steering
 
@@ -553,7 +533,7 @@ class ClusterManager:
             self._flush(changes)
             out = common_pb2.TargetInfo()
             out.CopyFrom(self._targets[target_id])
-        self.collect_gc()  # an offline target no longer holds up GC items
+        self._tell_offline()  # an offline target no longer holds up GC items
         return out
 
     def drain_target(self, target_id: int) -> tuple[int, int]:
@@ -633,143 +613,3 @@ class ClusterManager:
                 sum(r for r, _ in self._io.values()),
                 sum(w for _, w in self._io.values()),
             )
-
-    # --------------------------------------------------------------------- GC
-
-    def _gc_required(self, item: cluster_pb2.GCItem) -> set[int]:
-        """Targets that must drop an item's chunks: members of its chains not offline."""
-        required = set()
-        for cid in item.chains:
-            chain = self._chains.get(cid)
-            if chain is None:
-                continue
-            for tid, state in zip(chain.targets, chain.states, strict=True):
-                if state != OFFLINE:
-                    required.add(tid)
-        return required
-
-    @staticmethod
-    def _gc_id(key: bytes) -> int:
-        return _U64.unpack(key[len(keys.GC) :])[0]
-
-    @classmethod
-    def _gc_item(cls, key: bytes, raw: bytes) -> cluster_pb2.GCItem:
-        item = cluster_pb2.GCItem.FromString(raw)
-        item.gc_id = cls._gc_id(key)  # the key is authoritative
-        return item
-
-    @staticmethod
-    def _gc_acked(txn: Transaction | KVEngine, gc_id: int) -> set[int]:
-        prefix = keys.GC_ACK + _U64.pack(gc_id)
-        return {struct.unpack(">I", k[len(prefix) :])[0] for k, _ in txn.scan_prefix(prefix)}
-
-    def _finish_if_done(self, txn: Transaction, item: cluster_pb2.GCItem) -> bool:
-        acked = self._gc_acked(txn, item.gc_id)
-        with self._lock:
-            required = self._gc_required(item)
-        if not required <= acked:
-            return False
-        txn.delete(keys.gc_key(item.gc_id))
-        for tid in acked:
-            txn.delete(keys.gc_ack_key(item.gc_id, tid))
-        return True
-
-    def _known_targets(self, target_ids) -> dict[int, int]:
-        """target id -> chain id, InvalidArgument for an unknown target."""
-        out = {}
-        with self._lock:
-            for tid in target_ids:
-                info = self._targets.get(tid)
-                if info is None:
-                    raise errors.InvalidArgument(f"unknown target {tid}")
-                out[tid] = info.chain_id
-        return out
-
-    def fetch_gc(self, req: cluster_pb2.FetchGCRequest) -> cluster_pb2.FetchGCResponse:
-        """Queued items on the chains of ``req.target_ids`` that one of them has not acked."""
-        chains = self._known_targets(req.target_ids)
-        limit = min(req.limit or DEFAULT_GC_LIMIT, MAX_GC_LIMIT)
-        resp = cluster_pb2.FetchGCResponse()
-        if not any(chains.values()):
-            return resp
-        for item in self._scan_gc():
-            members = set(item.chains)
-            for tid, cid in chains.items():
-                if cid in members and self.engine.get(keys.gc_ack_key(item.gc_id, tid)) is None:
-                    resp.items.append(item)
-                    break
-            if len(resp.items) >= limit:
-                break
-        return resp
-
-    def gc_queued(self, gc_ids: list[int]) -> None:
-        """Items were queued (called after their commit): scans must not skip them."""
-        if gc_ids:
-            self._gc_floor.lower(min(gc_ids))
-
-    def _scan_gc(self, limit: int | None = None) -> Iterator[cluster_pb2.GCItem]:
-        """The queued items in id order, from the :class:`GCFloor` on (which it raises)."""
-        floor, seen = self._gc_floor.start()
-        if floor > MAX_GC_ID:
-            return  # nothing queued
-        first = None
-        for key, raw in self.engine.scan(keys.gc_key(floor), prefix_end(keys.GC), limit):
-            item = self._gc_item(key, raw)
-            if first is None:
-                first = item.gc_id
-                self._gc_floor.raise_to(first, seen)
-            yield item
-        if first is None and limit != 0:  # the scan went to the end and found nothing
-            self._gc_floor.raise_to(MAX_GC_ID + 1, seen)
-
-    def ack_gc(self, req: cluster_pb2.AckGCRequest) -> cluster_pb2.AckGCResponse:
-        """Record that a target dropped the chunks of items; remove items every target dropped."""
-        chain_id = self._known_targets([req.target_id])[req.target_id]
-        if len(req.gc_ids) > MAX_GC_ACKS:
-            raise errors.InvalidArgument(f"more than {MAX_GC_ACKS} acknowledgements at once")
-
-        def ack(txn: Transaction) -> None:
-            for gc_id in dict.fromkeys(req.gc_ids):
-                raw = txn.get(keys.gc_key(gc_id))
-                if raw is None:
-                    continue  # already gone: a repeated acknowledgement
-                item = self._gc_item(keys.gc_key(gc_id), raw)
-                if chain_id == 0 or chain_id not in item.chains:
-                    continue  # not an item of this target's chain
-                txn.put(keys.gc_ack_key(gc_id, req.target_id), b"")
-                self._finish_if_done(txn, item)
-
-        with self._gc_lock:
-            run_transaction(self.engine, ack)
-        return cluster_pb2.AckGCResponse()
-
-    def collect_gc(self) -> int:
-        """Remove every item all of whose required targets acked; the number removed."""
-        removed = 0
-        items = list(self.engine.scan_prefix(keys.GC))
-        if items:
-            # The whole queue from its start: an item that reached the queue without
-            # ``gc_queued`` below the floor is found here and fetched from now on.
-            self._gc_floor.lower(self._gc_id(items[0][0]))
-        for key, raw in items:
-            item = self._gc_item(key, raw)
-
-            def finish(txn: Transaction, key=key, item=item) -> bool:
-                if txn.get(key) is None:
-                    return False
-                return self._finish_if_done(txn, item)
-
-            with self._gc_lock:
-                if run_transaction(self.engine, finish):
-                    removed += 1
-        return removed
-
-    def pending_gc(self, limit: int | None = None) -> list[PendingGC]:
-        """Queued GC items with the targets that acked and those still to ack."""
-        out = []
-        for item in self._scan_gc(limit):
-            acked = self._gc_acked(self.engine, item.gc_id)
-            with self._lock:
-                required = self._gc_required(item)
-            out.append(PendingGC(item, sorted(acked), sorted(required - acked)))
-        return out

@@ -1,7 +1,8 @@
-"""The gRPC ``ClusterService``: a thin adapter over :class:`ClusterManager`.
+"""The gRPC ``ClusterService``: a thin adapter over :class:`ClusterManager` and :class:`GCQueue`.
 
-Each method hands the request to the manager and maps typed errors to gRPC
-status codes (with the ``emberfs-errno`` trailer) through
+Each method hands the request to the manager (nodes, heartbeats, routing,
+resync reports) or to the GC queue (``FetchGC``, ``AckGC``) and maps typed
+errors to gRPC status codes (with the ``emberfs-errno`` trailer) through
 :func:`emberfs.common.errors.to_grpc`.
 """
 
@@ -13,6 +14,7 @@ import grpc
 
 from emberfs.common import errors
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.proto import cluster_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -25,10 +27,13 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
     ----------
     cluster : ClusterManager
         The manager that holds and changes the cluster state.
+    gc : GCQueue
+        The garbage-collection queue over the same store.
     """
 
-    def __init__(self, cluster: ClusterManager):
+    def __init__(self, cluster: ClusterManager, gc: GCQueue):
         self.cluster = cluster
+        self.gc = gc
 
     def _call(self, method, request, context: grpc.ServicerContext):
         try:
@@ -52,10 +57,10 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         return self._call(self.cluster.sync_done, request, context)
 
     def FetchGC(self, request, context):
-        return self._call(self.cluster.fetch_gc, request, context)
+        return self._call(self.gc.fetch, request, context)
 
     def AckGC(self, request, context):
-        return self._call(self.cluster.ack_gc, request, context)
+        return self._call(self.gc.ack, request, context)
 
 
 def add_to_server(servicer: ClusterServicer, server: grpc.Server) -> None:

@@ -13,8 +13,10 @@ import struct
 # namespace
 INODE = b"INOD"  # INOD + inode id (u64 LE)            -> Inode record
 DENTRY = b"DENT"  # DENT + parent id (u64 BE) + name    -> DirEntry record
+#                  DENT + directory id (u64 BE)         -> entry guard (dir_guard_key)
 # write sessions and idempotency
 SESSION = b"SESS"  # SESS + inode id (u64 BE) + session id (u64 BE) -> Session record
+#                   SESS + inode id (u64 BE)             -> session guard (session_guard_key)
 IDEMPOTENT = b"IDEM"  # IDEM + client id + 0x00 + request id (u64 BE) -> cached result
 # garbage collection of removed files' chunks
 GC = b"GCQU"  # GCQU + gc id (u64 BE)                -> GCItem (cluster.proto), gc id = inode id
@@ -28,9 +30,20 @@ CONFIG = b"CONF"  # CONF + name                       -> value
 
 ALL_PREFIXES = (INODE, DENTRY, SESSION, IDEMPOTENT, GC, GC_ACK, NODE, TARGET, CHAIN, CONFIG)
 
+# names of the CONF keys
+NEXT_INODE = "next_inode"  # namespace id counters (u64 LE), reserved in blocks
+NEXT_SEED = "next_seed"
+NEXT_SESSION = "next_session"
+NEXT_TARGET = "cluster.next_target_id"  # cluster manager counters (u64 BE)
+NEXT_CHAIN = "cluster.next_chain_id"
+ROUTING_VERSION = "cluster.routing_version"
+DRAINS = "cluster.drains"  # JSON {drained target id: replacement target id}
+FENCED = "cluster.fenced"  # JSON [target ids held offline until their node registers again]
+
 _U64_LE = struct.Struct("<Q")
 _U64_BE = struct.Struct(">Q")
 _U32_BE = struct.Struct(">I")
+_U64_BE_PAIR = struct.Struct(">QQ")
 
 
 def inode_key(inode: int) -> bytes:
@@ -49,6 +62,15 @@ def dentry_name(key: bytes) -> str:
     return key[len(DENTRY) + 8 :].decode("utf-8", "surrogateescape")
 
 
+def dir_guard_key(directory: int) -> bytes:
+    """The entry guard of a directory: its entry prefix with an empty name.
+
+    Names are never empty and never start with NUL, so the guard sorts
+    before every entry of the directory.
+    """
+    return dentry_prefix(directory)
+
+
 def session_prefix(inode: int) -> bytes:
     return SESSION + _U64_BE.pack(inode)
 
@@ -57,16 +79,57 @@ def session_key(inode: int, session_id: int) -> bytes:
     return session_prefix(inode) + _U64_BE.pack(session_id)
 
 
+def session_guard_key(inode: int) -> bytes:
+    """The session guard of a file: its session prefix alone."""
+    return session_prefix(inode)
+
+
+def is_session_key(key: bytes) -> bool:
+    """True for the key of a session record, False for a session guard."""
+    return len(key) == len(SESSION) + 16
+
+
+def session_ids(key: bytes) -> tuple[int, int]:
+    """``(inode id, session id)`` of a session record's key."""
+    start = len(SESSION)
+    return _U64_BE_PAIR.unpack(key[start : start + 16])
+
+
+def idempotent_prefix(client_id: str) -> bytes:
+    """The start of every key of ``client_id``'s stored results."""
+    return IDEMPOTENT + client_id.encode() + b"\x00"
+
+
 def idempotent_key(client_id: str, request_id: int) -> bytes:
-    return IDEMPOTENT + client_id.encode() + b"\x00" + _U64_BE.pack(request_id)
+    return idempotent_prefix(client_id) + _U64_BE.pack(request_id)
+
+
+def idempotent_request_id(key: bytes) -> int:
+    """The request id of a stored result's key (client ids hold no NUL)."""
+    return _U64_BE.unpack(key[-8:])[0]
 
 
 def gc_key(gc_id: int) -> bytes:
     return GC + _U64_BE.pack(gc_id)
 
 
+def gc_id(key: bytes) -> int:
+    """The gc id of a GC item's key."""
+    return _U64_BE.unpack(key[len(GC) :])[0]
+
+
+def gc_ack_prefix(gc_id: int) -> bytes:
+    """The start of every acknowledgement key of a GC item."""
+    return GC_ACK + _U64_BE.pack(gc_id)
+
+
 def gc_ack_key(gc_id: int, target_id: int) -> bytes:
-    return GC_ACK + _U64_BE.pack(gc_id) + _U32_BE.pack(target_id)
+    return gc_ack_prefix(gc_id) + _U32_BE.pack(target_id)
+
+
+def gc_ack_target(key: bytes) -> int:
+    """The target id of a GC acknowledgement's key."""
+    return _U32_BE.unpack(key[len(GC_ACK) + 8 :])[0]
 
 
 def node_key(node_id: str) -> bytes:

@@ -29,11 +29,12 @@ from emberfs.common import wire
 from emberfs.common.addresses import join_address, split_address
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver import service as meta_service
+from emberfs.metaserver.chunk_truncation import truncate_chunks
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import KVEngine, RocksEngine
 from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.namespace import Namespace
-from emberfs.metaserver.truncate import truncate_chunks
 from emberfs.proto import common_pb2
 
 log = logging.getLogger("emberfs.metaserver")
@@ -108,9 +109,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def build_namespace(
-    engine: KVEngine, cluster: ClusterManager, args: argparse.Namespace
+    engine: KVEngine, cluster: ClusterManager, gc: GCQueue, args: argparse.Namespace
 ) -> Namespace:
-    """The namespace over ``engine``, fed chains and usage by the cluster manager."""
+    """The namespace over ``engine``, fed chains and usage by the cluster manager.
+
+    The GC items it queues are reported to ``gc``.
+    """
     return Namespace(
         engine,
         chain_table=cluster.chain_table,
@@ -120,12 +124,13 @@ def build_namespace(
         usage=cluster.usage,
         default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
         session_timeout=args.session_timeout,
-        gc_queued=cluster.gc_queued,
+        gc_queued=gc.queued,
     )
 
 
 def _timeout_loop(
     cluster: ClusterManager,
+    gc: GCQueue,
     namespace: Namespace,
     stop: threading.Event,
     interval: float,
@@ -137,7 +142,7 @@ def _timeout_loop(
     """
     jobs = [
         (interval, cluster.check_timeouts, "cluster timeout check"),
-        (GC_SWEEP_INTERVAL, cluster.collect_gc, "garbage collection sweep"),
+        (GC_SWEEP_INTERVAL, gc.collect, "garbage collection sweep"),
         (session_interval, namespace.expire_sessions, "write session expiry"),
         (RETRY_SWEEP_INTERVAL, namespace.prune_retry_records, "retry record sweep"),
     ]
@@ -192,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             options=[("grpc.so_reuseport", 0)],
             interceptors=[MetricsInterceptor()],
         )
-        namespace = build_namespace(engine, cluster, args)
+        gc = GCQueue(cluster)
+        namespace = build_namespace(engine, cluster, gc, args)
         meta_service.add_to_server(meta_service.MetaServicer(namespace), grpc_server)
-        cluster_service.add_to_server(cluster_service.ClusterServicer(cluster), grpc_server)
+        cluster_service.add_to_server(cluster_service.ClusterServicer(cluster, gc), grpc_server)
         host, _ = split_address(args.listen)
         try:
             port = grpc_server.add_insecure_port(args.listen)
@@ -206,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         grpc_server.start()
 
-        from emberfs.metaserver.admin import create_app
+        from emberfs.metaserver.api import create_app
 
         try:
-            app = create_app(cluster, namespace, admin_token=args.admin_token)
+            app = create_app(cluster, gc, namespace, admin_token=args.admin_token)
             admin = _start_admin(app, args.admin_listen)
         except OSError as exc:
             print(
@@ -229,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         session_interval = min(SESSION_SWEEP_INTERVAL, args.session_timeout / 4)
         checker = threading.Thread(
             target=_timeout_loop,
-            args=(cluster, namespace, stop, interval, session_interval),
+            args=(cluster, gc, namespace, stop, interval, session_interval),
             name="timeouts",
             daemon=True,
         )

@@ -31,7 +31,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from emberfs.metaserver import chainstate, keys
+from emberfs.metaserver import chainstate
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 """The metaserver's own request metrics (one per process)."""
@@ -125,12 +125,15 @@ class ClusterCollector(Collector):
     ----------
     cluster : ClusterManager
         The cluster manager to read.
+    gc : GCQueue
+        The garbage-collection queue, for its length.
     namespace : Namespace or None, default None
         The namespace, for inode and session counts (left out when None).
     """
 
-    def __init__(self, cluster: Any, namespace: Any = None):
+    def __init__(self, cluster: Any, gc: Any, namespace: Any = None):
         self.cluster = cluster
+        self.gc = gc
         self.namespace = namespace
 
     def collect(self) -> Iterator[Metric]:
@@ -175,7 +178,7 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily(
             "emberfs_drains", "Target drains under way.", value=len(self.cluster.drains())
         )
-        pending = sum(1 for _ in self.cluster.engine.scan_prefix(keys.GC))
+        pending = self.gc.count()
         yield GaugeMetricFamily(
             "emberfs_gc_pending_items", "Removed files whose chunks await GC.", value=pending
         )
@@ -211,12 +214,13 @@ class _Forward(Collector):
         yield from self.source.collect()
 
 
-def registry_for(cluster: Any, namespace: Any = None) -> CollectorRegistry:
+def registry_for(cluster: Any, gc: Any, namespace: Any = None) -> CollectorRegistry:
     """The registry an admin app serves: request metrics, cluster gauges, process metrics.
 
     Parameters
     ----------
     cluster : ClusterManager
+    gc : GCQueue
     namespace : Namespace or None, default None
 
     Returns
@@ -225,7 +229,7 @@ def registry_for(cluster: Any, namespace: Any = None) -> CollectorRegistry:
     """
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Forward(REGISTRY))
-    registry.register(ClusterCollector(cluster, namespace))
+    registry.register(ClusterCollector(cluster, gc, namespace))
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(_Forward(collector))
     return registry

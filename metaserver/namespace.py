@@ -5,7 +5,7 @@ directory entries, write sessions, stored request results) and runs every
 operation of :mod:`emberfs.metaserver.ops` inside
 :func:`~emberfs.metaserver.kv.run_transaction`, so the store never holds
 half an operation. Mutating requests that carry a client id and request id
-are deduplicated (:mod:`emberfs.metaserver.ops.idempotency`).
+are deduplicated (:mod:`emberfs.metaserver.idempotency`).
 
 On first start the root directory (inode 1) is created with mode 0o777,
 owned by uid 0, so that any uid can create entries in it; tighten it with
@@ -15,7 +15,7 @@ Directory entries are added and removed without writing the parent
 directory's inode, so creates in one directory never conflict with each
 other: a directory's mtime and ctime change only with its own attributes,
 and its nlink stays 2. Emptiness checks use the directory's entry guard
-instead (see :mod:`emberfs.metaserver.schema`).
+instead (see :mod:`emberfs.metaserver.records`).
 
 The inode counts behind :meth:`Namespace.counts` are kept in memory: one
 scan of the inodes at start-up, then adjusted after each commit.
@@ -33,24 +33,23 @@ from google.protobuf.message import Message
 
 from emberfs.common import layout as layouts
 from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
-from emberfs.metaserver import keys, schema
+from emberfs.metaserver import dirlayout, idempotency, keys, records
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
+from emberfs.metaserver.opcontext import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.metaserver.ops import (
     create,
-    idempotency,
-    layout,
     links,
     listing,
     mkdir,
     remove,
     rename,
     sessions,
+    setlayout,
     stat,
     statfs,
     truncate,
 )
 from emberfs.metaserver.ops import setattr as setattr_op
-from emberfs.metaserver.ops.context import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
 ROOT_MODE = 0o777
@@ -88,8 +87,8 @@ class Namespace:
         :meth:`Namespace.expire_sessions` ends it (default 300).
     gc_queued : callable, optional
         ``gc_queued(gc_ids)`` is told the GC items an operation queued, after
-        its commit (:meth:`ClusterManager.gc_queued
-        <emberfs.metaserver.cluster.ClusterManager.gc_queued>`, so that
+        its commit (:meth:`GCQueue.queued
+        <emberfs.metaserver.gcqueue.GCQueue.queued>`, so that
         ``FetchGC`` scans need not start at the front of the queue).
 
     Every method takes a MetaService request message and returns its
@@ -127,10 +126,10 @@ class Namespace:
             clock=clock,
             chain_table=chain_table,
             truncate_chunks=truncate_chunks,
-            default_layout=layout.dir_layout(default_layout),
-            inode_ids=IdAllocator(engine, "next_inode", first=schema.ROOT_INODE + 1),
-            seeds=IdAllocator(engine, "next_seed", first=0),
-            session_ids=IdAllocator(engine, "next_session", first=1),
+            default_layout=dirlayout.dir_layout(default_layout),
+            inode_ids=IdAllocator(engine, keys.NEXT_INODE, first=records.ROOT_INODE + 1),
+            seeds=IdAllocator(engine, keys.NEXT_SEED, first=0),
+            session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
         )
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
@@ -141,12 +140,12 @@ class Namespace:
     # set-up ---------------------------------------------------------------
 
     def _make_root(self, txn: Transaction) -> None:
-        key = keys.inode_key(schema.ROOT_INODE)
+        key = keys.inode_key(records.ROOT_INODE)
         if txn.get(key) is not None:
             return
         now = self._clock()
         root = common_pb2.InodeAttr(
-            inode=schema.ROOT_INODE,
+            inode=records.ROOT_INODE,
             type=common_pb2.DIRECTORY,
             mode=ROOT_MODE,
             nlink=2,
@@ -154,12 +153,12 @@ class Namespace:
             ctime_ns=now,
             crtime_ns=now,
         )
-        txn.put(key, schema.encode_inode(root))
+        txn.put(key, records.encode_inode(root))
 
     def _scan_counts(self) -> dict[int, int]:
         counts: dict[int, int] = {}
         for _, raw in self.engine.scan_prefix(keys.INODE):
-            file_type = schema.decode_inode(raw).type
+            file_type = records.decode_inode(raw).type
             counts[file_type] = counts.get(file_type, 0) + 1
         return counts
 
@@ -381,7 +380,7 @@ class Namespace:
         """
         return self._run(sessions.renew, req, None)
 
-    def expire_sessions(self, now: int | None = None) -> list[schema.Session]:
+    def expire_sessions(self, now: int | None = None) -> list[records.Session]:
         """End the write sessions not renewed within the session timeout.
 
         Each session ends in a transaction of its own, like a Close without a
@@ -406,10 +405,10 @@ class Namespace:
             )
         return ended
 
-    def _expire_one(self, candidate: schema.Session, deadline: int) -> schema.Session | None:
+    def _expire_one(self, candidate: records.Session, deadline: int) -> records.Session | None:
         last: list[OpContext] = []
 
-        def attempt(txn: Transaction) -> schema.Session | None:
+        def attempt(txn: Transaction) -> records.Session | None:
             op = OpContext(txn, Credentials(0, 0, frozenset()), self._env, self._clock())
             last[:] = [op]
             return sessions.expire(op, candidate.inode, candidate.session_id, deadline)
@@ -469,7 +468,7 @@ class Namespace:
 
     def set_layout(self, req: meta_pb2.SetLayoutRequest) -> meta_pb2.SetLayoutResponse:
         """Set the layout of a directory."""
-        return self._run(layout.set_layout, req, "SetLayout")
+        return self._run(setlayout.set_layout, req, "SetLayout")
 
     # state for StatFs and the admin API -------------------------------------
 
@@ -483,9 +482,7 @@ class Namespace:
             "directories": by_type.get(common_pb2.DIRECTORY, 0),
             "symlinks": by_type.get(common_pb2.SYMLINK, 0),
             "sessions": sum(
-                1
-                for key, _ in self.engine.scan_prefix(keys.SESSION)
-                if schema.is_session_record(key)
+                1 for key, _ in self.engine.scan_prefix(keys.SESSION) if keys.is_session_key(key)
             ),
         }
 
@@ -503,9 +500,9 @@ class Namespace:
                 "expires": s.renewed_ns + self.session_timeout_ns,
             }
             for s in (
-                schema.decode_session(key, raw)
+                records.decode_session(key, raw)
                 for key, raw in self.engine.scan_prefix(keys.SESSION)
-                if schema.is_session_record(key)
+                if keys.is_session_key(key)
             )
         ]
 

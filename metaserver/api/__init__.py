@@ -1,7 +1,8 @@
 """The admin REST API of the metaserver (FastAPI), its metrics and its dashboard.
 
 :func:`create_app` builds the application around the metaserver's
-:class:`~emberfs.metaserver.cluster.ClusterManager` and namespace. Routes:
+:class:`~emberfs.metaserver.cluster.ClusterManager`,
+:class:`~emberfs.metaserver.gcqueue.GCQueue` and namespace. Routes:
 
 * ``/healthz``, ``/readyz``: probes;
 * ``/api/v1/cluster``, ``/nodes``, ``/targets[/{id}]``, ``/chains[/{id}]``,
@@ -39,6 +40,7 @@ from emberfs.metaserver.api.routers import nodes as _nodes
 from emberfs.metaserver.api.routers import sessions as _sessions
 from emberfs.metaserver.api.routers import targets as _targets
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.metrics import registry_for
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -73,7 +75,11 @@ def _validation_detail(exc: RequestValidationError) -> str:
 
 
 def create_app(
-    cluster: ClusterManager, namespace: Any = None, *, admin_token: str | None = None
+    cluster: ClusterManager,
+    gc: GCQueue,
+    namespace: Any = None,
+    *,
+    admin_token: str | None = None,
 ) -> FastAPI:
     """The admin application.
 
@@ -81,6 +87,8 @@ def create_app(
     ----------
     cluster : ClusterManager
         The cluster state to show and steer.
+    gc : GCQueue
+        The garbage-collection queue to show and sweep.
     namespace : Namespace or None, default None
         The metaserver's namespace (sessions, layouts and inode counts);
         routes that need it answer 503 without one.
@@ -98,9 +106,10 @@ def create_app(
         description="Show and steer an EmberFS cluster: targets, chains, drains, GC, layouts.",
     )
     app.state.cluster = cluster
+    app.state.gc = gc
     app.state.namespace = namespace
     app.state.admin_token = admin_token or None
-    app.state.registry = registry_for(cluster, namespace)
+    app.state.registry = registry_for(cluster, gc, namespace)
 
     @app.exception_handler(errors.EmberError)
     async def _ember_error(request: Request, exc: errors.EmberError) -> JSONResponse:

@@ -1,8 +1,9 @@
 """Dependencies of the admin API routes, as ``Annotated`` aliases.
 
-``ClusterDep`` and ``NamespaceDep`` hand a route the metaserver's cluster
-manager and namespace (``NamespaceDep`` answers 503 when the metaserver runs
-without one); ``AdminDep`` guards steering routes with the bearer token.
+``ClusterDep``, ``GCQueueDep`` and ``NamespaceDep`` hand a route the
+metaserver's cluster manager, GC queue and namespace (``NamespaceDep``
+answers 503 when the metaserver runs without one); ``AdminDep`` guards
+steering routes with the bearer token.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -24,6 +26,11 @@ _bearer = HTTPBearer(
 def get_cluster(request: Request) -> ClusterManager:
     """The cluster manager of the app."""
     return request.app.state.cluster
+
+
+def get_gc(request: Request) -> GCQueue:
+    """The GC queue of the app."""
+    return request.app.state.gc
 
 
 def get_namespace(request: Request) -> Any:
@@ -60,5 +67,6 @@ def require_admin(
 
 
 ClusterDep = Annotated[ClusterManager, Depends(get_cluster)]
+GCQueueDep = Annotated[GCQueue, Depends(get_gc)]
 NamespaceDep = Annotated[Any, Depends(get_namespace)]
 AdminDep = Annotated[None, Depends(require_admin)]

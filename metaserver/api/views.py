@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from emberfs.common.version import __version__
-from emberfs.metaserver import chainstate, keys
+from emberfs.metaserver import chainstate
 from emberfs.metaserver.api import schemas
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.proto import common_pb2
 
 
@@ -93,12 +94,7 @@ def drains(cluster: ClusterManager, routing: common_pb2.RoutingInfo) -> list[sch
     return out
 
 
-def gc_pending_count(cluster: ClusterManager) -> int:
-    """Number of queued GC items (a key scan, no acknowledgement lookups)."""
-    return sum(1 for _ in cluster.engine.scan_prefix(keys.GC))
-
-
-def cluster_summary(cluster: ClusterManager, namespace: Any) -> schemas.ClusterPublic:
+def cluster_summary(cluster: ClusterManager, gc: GCQueue, namespace: Any) -> schemas.ClusterPublic:
     """The ``/api/v1/cluster`` summary."""
     routing = cluster.routing()
     by_state = dict.fromkeys(("serving", "syncing", "waiting", "lastsrv", "offline"), 0)
@@ -134,6 +130,6 @@ def cluster_summary(cluster: ClusterManager, namespace: Any) -> schemas.ClusterP
         bytes_read=read,
         bytes_written=written,
         namespace=counts,
-        gc_pending=gc_pending_count(cluster),
+        gc_pending=gc.count(),
         drains=drains(cluster, routing),
     )

@@ -12,8 +12,8 @@ from __future__ import annotations
 import stat
 
 from emberfs.common.errors import AlreadyExists, IsADirectory
-from emberfs.metaserver.ops import access, layout, lookup
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, dirlayout, lookup
+from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
 DEFAULT_FILE_MODE = 0o644
@@ -36,7 +36,7 @@ def insert(
     parent = parents[-1]
     access.check(parent, op.creds, access.WRITE | access.SEARCH, name)
     if file_type == common_pb2.FILE:
-        chosen = layout.file_layout(op, parents)
+        chosen = dirlayout.file_layout(op, parents)
     if mode == 0:
         mode = DEFAULT_DIR_MODE if file_type == common_pb2.DIRECTORY else DEFAULT_FILE_MODE
     attr = op.new_inode(file_type, mode)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from emberfs.common.errors import AlreadyExists, InvalidArgument, NotPermitted
-from emberfs.metaserver.ops import access, create, lookup
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, lookup
+from emberfs.metaserver.opcontext import OpContext
+from emberfs.metaserver.ops import create
 from emberfs.proto import common_pb2, meta_pb2
 
 MAX_LINKS = 65000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from emberfs.common import paths
 from emberfs.common.errors import NotADirectory
-from emberfs.metaserver.ops import access, lookup
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, lookup
+from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
 DEFAULT_PAGE = 2000

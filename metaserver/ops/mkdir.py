@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from emberfs.common import paths
 from emberfs.common.errors import AlreadyExists, NotADirectory
-from emberfs.metaserver.ops import create, layout, lookup
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import dirlayout, lookup
+from emberfs.metaserver.opcontext import OpContext
+from emberfs.metaserver.ops import create
 from emberfs.proto import common_pb2, meta_pb2
 
 
@@ -19,7 +20,7 @@ def mkdir(op: OpContext, req: meta_pb2.MkdirRequest) -> meta_pb2.MkdirResponse:
     directory only, validated like SetLayout.
     """
     if req.layout.ByteSize():
-        layout.validate_dir_layout(req.layout, op.env.chain_table())
+        dirlayout.validate_dir_layout(req.layout, op.env.chain_table())
     if not req.parents:
         return meta_pb2.MkdirResponse(attr=_make(op, req.path, req.mode, req.layout))
     parts = paths.split_path(req.path)
@@ -53,6 +54,6 @@ def _insert(
 ) -> common_pb2.InodeAttr:
     name = found.require_entry("")
     attr = create.insert(op, found.parents, name, common_pb2.DIRECTORY, mode)
-    attr.layout.CopyFrom(layout.dir_layout(new_layout))
+    attr.layout.CopyFrom(dirlayout.dir_layout(new_layout))
     op.put_inode(attr)
     return attr

@@ -11,8 +11,8 @@ guard, so an entry created in the tree meanwhile makes it retry.
 from __future__ import annotations
 
 from emberfs.common.errors import NotADirectory, NotEmpty
-from emberfs.metaserver.ops import access, lookup
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, lookup
+from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
 

@@ -9,8 +9,9 @@ from emberfs.common.errors import (
     NotADirectory,
     NotEmpty,
 )
-from emberfs.metaserver.ops import access, lookup, remove
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, lookup
+from emberfs.metaserver.opcontext import OpContext
+from emberfs.metaserver.ops import remove
 from emberfs.proto import common_pb2, meta_pb2
 
 

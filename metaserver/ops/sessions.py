@@ -18,10 +18,10 @@ loses its unsynced length.
 from __future__ import annotations
 
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
-from emberfs.metaserver import keys, schema
+from emberfs.metaserver import access, keys, lookup, records
 from emberfs.metaserver.kv import KVEngine
-from emberfs.metaserver.ops import access, create, lookup, remove, stat
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver.opcontext import OpContext
+from emberfs.metaserver.ops import create, remove, stat
 from emberfs.proto import common_pb2, meta_pb2
 
 ALL_FLAGS = (
@@ -172,25 +172,25 @@ def renew(op: OpContext, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSe
         if raw is None:
             expired.append(meta_pb2.SessionRef(inode=ref.inode, session_id=ref.session_id))
             continue
-        session = schema.decode_session(key, raw)
-        op.txn.put(key, schema.encode_session(session.client_id, session.since_ns, op.now))
+        session = records.decode_session(key, raw)
+        op.txn.put(key, records.encode_session(session.client_id, session.since_ns, op.now))
     return meta_pb2.RenewSessionsResponse(expired=expired)
 
 
-def lapsed(engine: KVEngine, deadline_ns: int) -> list[schema.Session]:
+def lapsed(engine: KVEngine, deadline_ns: int) -> list[records.Session]:
     """The sessions last renewed at or before ``deadline_ns`` (a snapshot scan)."""
     return [
         session
         for session in (
-            schema.decode_session(key, raw)
+            records.decode_session(key, raw)
             for key, raw in engine.scan_prefix(keys.SESSION)
-            if schema.is_session_record(key)
+            if keys.is_session_key(key)
         )
         if session.renewed_ns <= deadline_ns
     ]
 
 
-def expire(op: OpContext, inode: int, session_id: int, deadline_ns: int) -> schema.Session | None:
+def expire(op: OpContext, inode: int, session_id: int, deadline_ns: int) -> records.Session | None:
     """End one session if its lease ran out: a Close without a length.
 
     Returns the ended session, or None when it was closed or renewed after
@@ -202,7 +202,7 @@ def expire(op: OpContext, inode: int, session_id: int, deadline_ns: int) -> sche
     raw = op.txn.get(key)
     if raw is None:
         return None
-    session = schema.decode_session(key, raw)
+    session = records.decode_session(key, raw)
     if session.renewed_ns > deadline_ns:
         return None
     attr = op.get_inode(inode)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import stat
 
 from emberfs.common.errors import NotPermitted
-from emberfs.metaserver.ops import access, lookup
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, lookup
+from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import meta_pb2
 
 

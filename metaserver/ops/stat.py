@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from emberfs.common.errors import EmberError, InvalidArgument, NotFound
-from emberfs.metaserver.ops import lookup
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import lookup
+from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
 MAX_BATCH = 10000

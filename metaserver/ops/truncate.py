@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from emberfs.common.errors import InvalidArgument, IsADirectory
-from emberfs.metaserver.ops import access, lookup, sessions
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, lookup
+from emberfs.metaserver.opcontext import OpContext
+from emberfs.metaserver.ops import sessions
 from emberfs.proto import common_pb2, meta_pb2
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from emberfs.metaserver.admin import create_app
+from emberfs.metaserver.api import create_app
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import MemoryEngine
 from emberfs.proto import cluster_pb2
 
@@ -29,7 +30,7 @@ def test_targets_and_chains_json():
                 targets=[cluster_pb2.TargetReport(capacity=1000, used=10, chunks=2)],
             )
         )
-    client = TestClient(create_app(cm))
+    client = TestClient(create_app(cm, GCQueue(cm)))
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/api/v1/targets").json() == [
         {

@@ -17,6 +17,7 @@ from emberfs.metaserver.chainstate import (
     Chain,
 )
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import MemoryEngine
 from emberfs.proto import cluster_pb2
 
@@ -190,7 +191,7 @@ def test_last_serving_target_goes_lastsrv(four_nodes):
 @pytest.fixture
 def api(four_nodes):
     cm, _, _ = four_nodes
-    return cm, TestClient(create_app(cm, admin_token=TOKEN))
+    return cm, TestClient(create_app(cm, GCQueue(cm), admin_token=TOKEN))
 
 
 STEERING = [
@@ -219,7 +220,7 @@ def test_steering_needs_the_token(api, method, url, body):
 @pytest.mark.parametrize(("method", "url", "body"), STEERING)
 def test_steering_without_a_configured_token(four_nodes, method, url, body):
     cm, _, _ = four_nodes
-    client = TestClient(create_app(cm))
+    client = TestClient(create_app(cm, GCQueue(cm)))
     resp = client.request(method, url, json=body, headers={"Authorization": "Bearer x"})
     assert resp.status_code == 403
     assert resp.json() == {"detail": "no admin token configured"}
@@ -267,7 +268,7 @@ def test_read_routes_without_namespace(api):
 
 def test_readyz_without_chains():
     cm = ClusterManager(MemoryEngine(), replicas=3)
-    client = TestClient(create_app(cm))
+    client = TestClient(create_app(cm, GCQueue(cm)))
     resp = client.get("/readyz")
     assert resp.status_code == 503
     assert resp.json()["status"] == "unavailable" and "no chains" in resp.json()["reason"]

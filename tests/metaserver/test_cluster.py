@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
 from emberfs.metaserver.chainstate import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING
-from emberfs.metaserver.cluster import ClusterManager, GCFloor
+from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.kv import MemoryEngine
 from emberfs.proto import cluster_pb2
 
@@ -279,95 +278,3 @@ def test_restart_resumes_same_state_with_a_grace_period(three, engine, clock):
     reopened.check_timeouts()
     s = states(reopened)  # nodes a, b, c silent since the restart, d just registered
     assert (s[1], s[3], s[5], s[7]) == (OFFLINE, LASTSRV, OFFLINE, SERVING)
-
-
-def test_gc_items_are_fetched_acked_and_removed(three, engine, clock):
-    for gc_id, item_chains in ((10, [1]), (11, [1, 2]), (12, [2])):
-        item = cluster_pb2.GCItem(gc_id=gc_id, inode=gc_id, chains=item_chains)
-        engine.write({keys.gc_key(gc_id): item.SerializeToString()})
-    got = three.fetch_gc(cluster_pb2.FetchGCRequest(target_ids=[1, 2]))
-    assert [i.gc_id for i in got.items] == [10, 11, 12]
-    got = three.fetch_gc(cluster_pb2.FetchGCRequest(target_ids=[1]))
-    assert [i.gc_id for i in got.items] == [10, 11]
-    assert len(three.fetch_gc(cluster_pb2.FetchGCRequest(target_ids=[1], limit=1)).items) == 1
-    three.ack_gc(cluster_pb2.AckGCRequest(target_id=1, gc_ids=[10, 11, 12]))  # 12 is not its
-    got = three.fetch_gc(cluster_pb2.FetchGCRequest(target_ids=[1, 2]))
-    assert [i.gc_id for i in got.items] == [11, 12]  # 11 still needs target 2 of chain 2
-    pending = {p.item.gc_id: p for p in three.pending_gc()}
-    assert pending[10].acked == [1] and pending[10].waiting == [3, 5]
-    for tid in (3, 5):
-        three.ack_gc(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=[10]))
-    assert engine.get(keys.gc_key(10)) is None
-    assert list(engine.scan_prefix(keys.GC_ACK + (10).to_bytes(8, "big"))) == []
-    three.ack_gc(cluster_pb2.AckGCRequest(target_id=3, gc_ids=[10]))  # repeated: harmless
-    assert engine.get(keys.gc_ack_key(10, 3)) is None
-    with pytest.raises(errors.InvalidArgument):
-        three.fetch_gc(cluster_pb2.FetchGCRequest(target_ids=[99]))
-    with pytest.raises(errors.InvalidArgument):
-        three.ack_gc(cluster_pb2.AckGCRequest(target_id=99, gc_ids=[11]))
-
-
-def test_gc_scans_start_at_the_floor_and_queued_items_lower_it(three, engine):
-    """Finished items are not scanned again; an old inode removed later is still fetched."""
-
-    def queue(gc_id: int, report: bool = True) -> None:
-        item = cluster_pb2.GCItem(gc_id=gc_id, inode=gc_id, chains=[1])
-        engine.write({keys.gc_key(gc_id): item.SerializeToString()})
-        if report:
-            three.gc_queued([gc_id])
-
-    def fetched() -> list[int]:
-        return [i.gc_id for i in three.fetch_gc(cluster_pb2.FetchGCRequest(target_ids=[1])).items]
-
-    def finish(gc_id: int) -> None:
-        for tid in (1, 3, 5):  # chain 1
-            three.ack_gc(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=[gc_id]))
-
-    queue(50)
-    queue(60)
-    assert fetched() == [50, 60]
-    assert three._gc_floor.start()[0] == 50
-    finish(50)
-    assert fetched() == [60]
-    assert three._gc_floor.start()[0] == 60  # the next scans start past the finished item
-    finish(60)
-    assert fetched() == []
-    assert three._gc_floor.start()[0] > 2**63  # nothing queued: no scan at all
-    queue(40)  # an older file removed after the newer ones were collected
-    assert fetched() == [40]
-    finish(40)
-    assert fetched() == []
-    queue(30, report=False)  # an item nobody reported is below the floor...
-    assert fetched() == []
-    assert three.collect_gc() == 0
-    assert fetched() == [30]  # ...until the sweep, which reads the queue from its start
-    assert [p.item.gc_id for p in three.pending_gc()] == [30]
-
-
-def test_gc_floor_is_not_raised_past_an_item_queued_during_a_scan():
-    floor = GCFloor()
-    floor.raise_to(50, floor.start()[1])
-    start, generation = floor.start()
-    assert start == 50
-    floor.lower(20)  # committed while the scan ran: perhaps after its snapshot
-    floor.raise_to(100, generation)  # the scan's first item was 100: not below 20, though
-    assert floor.start()[0] == 20
-    floor.raise_to(30, floor.start()[1])  # a scan with no item queued meanwhile
-    assert floor.start()[0] == 30
-    floor.raise_to(10, floor.start()[1])  # never lowered by a scan
-    assert floor.start()[0] == 30
-
-
-def test_gc_item_completes_when_the_missing_target_goes_offline(three, engine, clock):
-    item = cluster_pb2.GCItem(gc_id=20, inode=20, chains=[1])
-    engine.write({keys.gc_key(20): item.SerializeToString()})
-    for tid in (1, 3):
-        three.ack_gc(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=[20]))
-    assert engine.get(keys.gc_key(20)) is not None  # target 5 has not acked
-    clock.now += 4
-    heartbeat(three, "a")
-    heartbeat(three, "b")
-    clock.now += 2
-    three.check_timeouts()  # c (target 5) offline: it drops the chunks while resyncing
-    assert engine.get(keys.gc_key(20)) is None
-    assert three.pending_gc() == []

@@ -11,6 +11,7 @@ import pytest
 from emberfs.common import errors
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import MemoryEngine
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 
@@ -19,7 +20,7 @@ from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 def stub():
     cm = ClusterManager(MemoryEngine(), replicas=2, heartbeat_timeout=5.0)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    cluster_service.add_to_server(cluster_service.ClusterServicer(cm), server)
+    cluster_service.add_to_server(cluster_service.ClusterServicer(cm, GCQueue(cm)), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")

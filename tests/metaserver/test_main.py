@@ -312,7 +312,7 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
     """
     import random
 
-    from emberfs.metaserver import keys, schema
+    from emberfs.metaserver import keys, records
     from emberfs.metaserver.kv import RocksEngine
 
     metaserver.start()
@@ -377,19 +377,17 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(metaserver,
     # every inode but the root is reachable through an entry.
     engine = RocksEngine(metaserver.data_dir / "meta")
     try:
-        inodes = {schema.decode_inode(v).inode for _, v in engine.scan_prefix(keys.INODE)}
+        inodes = {records.decode_inode(v).inode for _, v in engine.scan_prefix(keys.INODE)}
         referenced = set()
         for key, value in engine.scan_prefix(keys.DENTRY):
             if keys.dentry_name(key) == "":
                 continue  # a directory's guard key, not an entry
-            referenced.add(schema.decode_dentry(value).inode)
-        gc_pending = {
-            int.from_bytes(k[len(keys.GC) :], "big") for k, _ in engine.scan_prefix(keys.GC)
-        }
+            referenced.add(records.decode_dentry(value).inode)
+        gc_pending = {keys.gc_id(k) for k, _ in engine.scan_prefix(keys.GC)}
         open_for_write = {  # a removed file keeps its inode while a write session is open
-            schema.decode_session(k, v).inode
+            records.decode_session(k, v).inode
             for k, v in engine.scan_prefix(keys.SESSION)
-            if schema.is_session_record(k)
+            if keys.is_session_key(k)
         }
     finally:
         engine.close()
@@ -468,7 +466,8 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
         def check_timeouts(self):
             pass
 
-        def collect_gc(self):
+    class GCQueue:
+        def collect(self):
             pass
 
     class Namespace:
@@ -484,7 +483,7 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
             return 0
 
     loop = threading.Thread(
-        target=meta_main._timeout_loop, args=(Cluster(), Namespace(), stop, 0.01, 1.0)
+        target=meta_main._timeout_loop, args=(Cluster(), GCQueue(), Namespace(), stop, 0.01, 1.0)
     )
     loop.start()
     loop.join(timeout=10)

@@ -7,10 +7,9 @@ import errno
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
+from emberfs.metaserver import idempotency, keys
 from emberfs.metaserver.kv import MemoryEngine
 from emberfs.metaserver.namespace import Namespace
-from emberfs.metaserver.ops import idempotency
 from emberfs.proto import common_pb2, meta_pb2
 
 
@@ -123,7 +122,7 @@ def test_window_prunes_old_results_per_client(ns, monkeypatch):
     for rid in range(1, window + 40):
         ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/d{rid}"))
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1, "client-b"), path="/other"))
-    kept_a = [k for k in idem_keys(ns) if k.startswith(idempotency.client_prefix("client-a"))]
+    kept_a = [k for k in idem_keys(ns) if k.startswith(keys.idempotent_prefix("client-a"))]
     assert len(kept_a) == window
     assert keys.idempotent_key("client-a", 1) not in kept_a
     assert keys.idempotent_key("client-a", window + 39) in kept_a
@@ -142,7 +141,7 @@ def test_results_past_the_retry_horizon_are_pruned_per_client(ns, clock):
 def test_pruning_seeks_to_the_first_kept_record(ns, monkeypatch):
     """Each store's prune scan starts where the last one stopped, not at the client's range start."""
     monkeypatch.setattr(idempotency, "WINDOW", 16)
-    mine = idempotency.client_prefix("client-a")
+    mine = keys.idempotent_prefix("client-a")
     starts = []
     scan = ns.engine.scan
 

@@ -8,8 +8,8 @@ from emberfs.common.errors import InvalidArgument, NotFound
 from emberfs.metaserver import keys
 from emberfs.metaserver.kv import Conflict, MemoryEngine
 from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.opcontext import Credentials, OpContext
 from emberfs.metaserver.ops import sessions
-from emberfs.metaserver.ops.context import Credentials, OpContext
 from emberfs.proto import cluster_pb2, common_pb2, meta_pb2
 
 pytestmark = pytest.mark.timeout(60)

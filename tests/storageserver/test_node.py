@@ -16,6 +16,7 @@ from emberfs.common import framing
 from emberfs.common.framing import Op, Status
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import MemoryEngine
 from emberfs.proto import common_pb2, data_pb2, storage_pb2, storage_pb2_grpc
 from emberfs.storageserver.node import Node
@@ -31,7 +32,7 @@ class Meta:
         self.manager = ClusterManager(
             MemoryEngine(), replicas=replicas, heartbeat_timeout=heartbeat_timeout
         )
-        self.servicer = cluster_service.ClusterServicer(self.manager)
+        self.servicer = cluster_service.ClusterServicer(self.manager, GCQueue(self.manager))
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         cluster_service.add_to_server(self.servicer, self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")

@@ -12,8 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from emberfs.metaserver.api import views
-from emberfs.metaserver.api.deps import AdminDep, ClusterDep
+from emberfs.metaserver.api.deps import AdminDep, GCQueueDep
 from emberfs.metaserver.api.schemas import (
     ERROR_RESPONSES,
     STEERING_RESPONSES,
@@ -26,7 +25,7 @@ router = APIRouter(prefix="/api/v1/gc", tags=["gc"], responses=ERROR_RESPONSES)
 
 @router.get("", response_model=list[GCItemPublic])
 def list_gc(
-    cluster: ClusterDep,
+    gc: GCQueueDep,
     limit: Annotated[int, Query(ge=1, le=10000, description="most items listed")] = 1000,
 ) -> list[GCItemPublic]:
     """Pending GC items with the targets that dropped their chunks and those still to."""
@@ -38,12 +37,12 @@ def list_gc(
             acked=p.acked,
             waiting=p.waiting,
         )
-        for p in cluster.pending_gc(limit=limit)
+        for p in gc.pending(limit=limit)
     ]
 
 
 @router.post("/run", response_model=GCRunPublic, responses=STEERING_RESPONSES)
-def run_gc(_: AdminDep, cluster: ClusterDep) -> GCRunPublic:
+def run_gc(_: AdminDep, gc: GCQueueDep) -> GCRunPublic:
     """Delete now every item all its required targets have acknowledged; counts."""
-    removed = cluster.collect_gc()
-    return GCRunPublic(removed=removed, pending=views.gc_pending_count(cluster))
+    removed = gc.collect()
+    return GCRunPublic(removed=removed, pending=gc.count())

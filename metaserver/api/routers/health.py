@@ -27,7 +27,7 @@ def healthz() -> Health:
 def readyz(cluster: ClusterDep):
     """Ready when the metadata store answers and at least one chain has every target serving."""
     try:
-        cluster.engine.get(keys.config_key("cluster.routing_version"))
+        cluster.engine.get(keys.config_key(keys.ROUTING_VERSION))
     except Exception as exc:
         return _unready(f"the metadata store does not answer: {exc}")
     healths = views.chain_healths(cluster.routing())

@@ -1,4 +1,4 @@
-"""Directory layouts, the layout a new file gets, and SetLayout.
+"""Directory layouts and the layout a new file takes from its directory.
 
 A directory may store a layout (chunk size, stripe, chain table); one that
 stores none (chunk size 0) uses its nearest ancestor's, and the root's
@@ -12,10 +12,9 @@ its chains from :func:`emberfs.common.layout.choose_chains`.
 from __future__ import annotations
 
 from emberfs.common import layout as layouts
-from emberfs.common.errors import InvalidArgument, NotADirectory, Unavailable
-from emberfs.metaserver.ops import access, lookup
-from emberfs.metaserver.ops.context import OpContext
-from emberfs.proto import common_pb2, meta_pb2
+from emberfs.common.errors import InvalidArgument, Unavailable
+from emberfs.metaserver.opcontext import OpContext
+from emberfs.proto import common_pb2
 
 
 def validate_dir_layout(layout: common_pb2.Layout, live_chains: list[int]) -> None:
@@ -85,16 +84,3 @@ def file_layout(op: OpContext, ancestors: list[common_pb2.InodeAttr]) -> common_
         seed=seed,
         chains=chains,
     )
-
-
-def set_layout(op: OpContext, req: meta_pb2.SetLayoutRequest) -> meta_pb2.SetLayoutResponse:
-    """Set (or with chunk size 0 clear) the layout of a directory; owner or uid 0 only."""
-    validate_dir_layout(req.layout, op.env.chain_table())
-    attr = lookup.resolve(op, req.path, follow=True).require(req.path)
-    if attr.type != common_pb2.DIRECTORY:
-        raise NotADirectory(f"not a directory: {req.path}")
-    access.check_owner(attr, op.creds, "change the layout")
-    attr.layout.CopyFrom(dir_layout(req.layout))
-    attr.ctime_ns = op.now
-    op.put_inode(attr)
-    return meta_pb2.SetLayoutResponse(attr=attr)

@@ -98,26 +98,10 @@ def encode_session(client_id: str, since_ns: int, renewed_ns: int | None = None)
 
 def decode_session(key: bytes, raw: bytes) -> Session:
     """A write session from its key and stored value."""
-    prefix = len(keys.SESSION)
-    inode, session_id = struct.unpack(">QQ", key[prefix : prefix + 16])
+    inode, session_id = keys.session_ids(key)
     since_ns, renewed_ns = SESSION_FORMAT.unpack_from(raw)
     client_id = raw[SESSION_FORMAT.size :].decode("utf-8", "surrogateescape")
     return Session(inode, session_id, client_id, since_ns, renewed_ns)
-
-
-def is_session_record(key: bytes) -> bool:
-    """True for a session record, False for a session guard key."""
-    return len(key) == len(keys.SESSION) + 16
-
-
-def dir_guard_key(directory: int) -> bytes:
-    """The entry guard of a directory (written by every entry insert)."""
-    return keys.dentry_prefix(directory)
-
-
-def session_guard_key(inode: int) -> bytes:
-    """The session guard of a file (written by every write open)."""
-    return keys.session_prefix(inode)
 
 
 def new_guard_value() -> bytes:

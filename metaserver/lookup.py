@@ -27,9 +27,8 @@ from emberfs.common.errors import (
     NotFound,
     TooManyLinks,
 )
-from emberfs.metaserver import schema
-from emberfs.metaserver.ops import access
-from emberfs.metaserver.ops.context import OpContext
+from emberfs.metaserver import access, records
+from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2
 
 MAX_SYMLINKS = 40
@@ -90,7 +89,7 @@ def validate_symlink_target(target: str) -> None:
 
 
 def root(op: OpContext) -> common_pb2.InodeAttr:
-    return op.load_inode(schema.ROOT_INODE)
+    return op.load_inode(records.ROOT_INODE)
 
 
 def resolve(op: OpContext, path: str, *, follow: bool) -> Resolved:

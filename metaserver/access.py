@@ -13,7 +13,7 @@ from __future__ import annotations
 import stat
 
 from emberfs.common.errors import NotPermitted, PermissionDenied
-from emberfs.metaserver.ops.context import Credentials
+from emberfs.metaserver.opcontext import Credentials
 from emberfs.proto import common_pb2
 
 READ = 4

@@ -32,7 +32,7 @@ from collections import OrderedDict
 from google.protobuf.message import Message
 
 from emberfs.common.errors import InvalidArgument
-from emberfs.metaserver import keys, schema
+from emberfs.metaserver import keys, records
 from emberfs.metaserver.kv import KVEngine, Transaction, prefix_end
 
 WINDOW = 65536
@@ -73,14 +73,6 @@ class PruneHints:
                 self._first.popitem(last=False)
 
 
-def client_prefix(client_id: str) -> bytes:
-    return keys.IDEMPOTENT + client_id.encode() + b"\x00"
-
-
-def _request_id(key: bytes, prefix: bytes) -> int:
-    return int.from_bytes(key[len(prefix) : len(prefix) + 8], "big")
-
-
 def find(
     txn: Transaction, client_id: str, request_id: int, method: str, response_type: type[Message]
 ) -> Message | None:
@@ -93,7 +85,7 @@ def find(
     raw = txn.get(keys.idempotent_key(client_id, request_id))
     if raw is None:
         return None
-    record = schema.decode_idempotent(raw)
+    record = records.decode_idempotent(raw)
     if record.method != method:
         raise InvalidArgument(
             f"request id {request_id} of client {client_id!r} was used for {record.method}"
@@ -121,15 +113,15 @@ def store(
     """
     txn.put(
         keys.idempotent_key(client_id, request_id),
-        schema.encode_idempotent(method, now, response.SerializeToString()),
+        records.encode_idempotent(method, now, response.SerializeToString()),
     )
-    prefix = client_prefix(client_id)
+    prefix = keys.idempotent_prefix(client_id)
     first = 0 if hints is None else hints.first(client_id)
     start = keys.idempotent_key(client_id, first) if first else prefix
     for key, raw in txn.engine.scan(start, prefix_end(prefix), PRUNE_PER_STORE):
-        first = _request_id(key, prefix)
+        first = keys.idempotent_request_id(key)
         behind = first <= request_id - WINDOW
-        if not behind and now - schema.decode_idempotent(raw).stored_ns <= RETRY_HORIZON_NS:
+        if not behind and now - records.decode_idempotent(raw).stored_ns <= RETRY_HORIZON_NS:
             break
         txn.delete(key)
         first = min(first + 1, MAX_REQUEST_ID)
@@ -157,7 +149,7 @@ def prune_expired(
     for key, raw in engine.scan(begin, prefix_end(keys.IDEMPOTENT), limit):
         seen += 1
         last = key
-        if now - schema.decode_idempotent(raw).stored_ns > max_age_ns:
+        if now - records.decode_idempotent(raw).stored_ns > max_age_ns:
             doomed.add(key)
     if doomed:
         engine.write({}, doomed)

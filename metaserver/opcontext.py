@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emberfs.common.errors import Internal, InvalidArgument
-from emberfs.metaserver import keys, schema
+from emberfs.metaserver import gcqueue, keys, records
 from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
-from emberfs.proto import cluster_pb2, common_pb2
+from emberfs.proto import common_pb2
 
 MAX_CLIENT_ID_BYTES = 256
 MAX_GROUPS = 64
@@ -69,8 +69,8 @@ class IdAllocator:
         self._end = 0
 
     def _reserve(self, txn: Transaction) -> int:
-        start = max(schema.decode_counter(txn.get(self._key)), self._first)
-        txn.put(self._key, schema.encode_counter(start + self._block))
+        start = max(records.decode_counter(txn.get(self._key)), self._first)
+        txn.put(self._key, records.encode_counter(start + self._block))
         return start
 
     def next(self) -> int:
@@ -113,7 +113,7 @@ class OpContext:
 
     def get_inode(self, inode: int) -> common_pb2.InodeAttr | None:
         raw = self.txn.get(keys.inode_key(inode))
-        return None if raw is None else schema.decode_inode(raw)
+        return None if raw is None else records.decode_inode(raw)
 
     def load_inode(self, inode: int) -> common_pb2.InodeAttr:
         """An inode that a directory entry or session refers to (Internal if absent)."""
@@ -123,7 +123,7 @@ class OpContext:
         return attr
 
     def put_inode(self, attr: common_pb2.InodeAttr) -> None:
-        self.txn.put(keys.inode_key(attr.inode), schema.encode_inode(attr))
+        self.txn.put(keys.inode_key(attr.inode), records.encode_inode(attr))
 
     def new_inode(self, file_type: int, mode: int) -> common_pb2.InodeAttr:
         """A fresh inode owned by the caller (not yet stored)."""
@@ -145,20 +145,20 @@ class OpContext:
         self.txn.delete(keys.inode_key(attr.inode))
         self.delta[attr.type] = self.delta.get(attr.type, 0) - 1
         if attr.type == common_pb2.DIRECTORY:
-            self.txn.delete(schema.dir_guard_key(attr.inode))
+            self.txn.delete(keys.dir_guard_key(attr.inode))
         elif attr.type == common_pb2.FILE:
-            self.txn.delete(schema.session_guard_key(attr.inode))
+            self.txn.delete(keys.session_guard_key(attr.inode))
 
     # directory entries ----------------------------------------------------
 
-    def get_dentry(self, parent: int, name: str) -> schema.Dentry | None:
+    def get_dentry(self, parent: int, name: str) -> records.Dentry | None:
         raw = self.txn.get(keys.dentry_key(parent, name))
-        return None if raw is None else schema.decode_dentry(raw)
+        return None if raw is None else records.decode_dentry(raw)
 
     def put_dentry(self, parent: int, name: str, attr: common_pb2.InodeAttr) -> None:
         """Add or replace an entry, and move the directory's entry guard."""
-        self.txn.put(keys.dentry_key(parent, name), schema.encode_dentry(attr.inode, attr.type))
-        self.txn.put(schema.dir_guard_key(parent), schema.new_guard_value())
+        self.txn.put(keys.dentry_key(parent, name), records.encode_dentry(attr.inode, attr.type))
+        self.txn.put(keys.dir_guard_key(parent), records.new_guard_value())
 
     def delete_dentry(self, parent: int, name: str) -> None:
         self.txn.delete(keys.dentry_key(parent, name))
@@ -168,20 +168,20 @@ class OpContext:
         prefix = keys.dentry_prefix(directory)
         after = prefix if start_after is None else keys.dentry_key(directory, start_after)
         for key, raw in self.txn.scan_prefix(prefix, start_after=after, limit=limit):
-            yield keys.dentry_name(key), schema.decode_dentry(raw)
+            yield keys.dentry_name(key), records.decode_dentry(raw)
 
     def is_empty_dir(self, directory: int) -> bool:
         """True when a directory has no entries; reads its guard, so a racing insert conflicts."""
-        self.txn.get(schema.dir_guard_key(directory))
+        self.txn.get(keys.dir_guard_key(directory))
         return next(iter(self.entries(directory, limit=1)), None) is None
 
     # write sessions -------------------------------------------------------
 
-    def sessions_of(self, inode: int) -> list[schema.Session]:
+    def sessions_of(self, inode: int) -> list[records.Session]:
         """The open write sessions of a file; reads its guard, so a racing open conflicts."""
-        guard = schema.session_guard_key(inode)
+        guard = keys.session_guard_key(inode)
         self.txn.get(guard)
-        return [schema.decode_session(key, raw) for key, raw in self.txn.scan_prefix(guard, guard)]
+        return [records.decode_session(key, raw) for key, raw in self.txn.scan_prefix(guard, guard)]
 
     def get_session(self, inode: int, session_id: int) -> bytes | None:
         return self.txn.get(keys.session_key(inode, session_id))
@@ -190,19 +190,17 @@ class OpContext:
         session_id = self.env.session_ids.next()
         self.txn.put(
             keys.session_key(inode, session_id),
-            schema.encode_session(self.client_id, self.now),
+            records.encode_session(self.client_id, self.now),
         )
-        self.txn.put(schema.session_guard_key(inode), schema.new_guard_value())
+        self.txn.put(keys.session_guard_key(inode), records.new_guard_value())
         return session_id
 
     def end_session(self, inode: int, session_id: int) -> None:
         self.txn.delete(keys.session_key(inode, session_id))
-        self.txn.put(schema.session_guard_key(inode), schema.new_guard_value())
+        self.txn.put(keys.session_guard_key(inode), records.new_guard_value())
 
     # garbage collection ---------------------------------------------------
 
     def queue_gc(self, attr: common_pb2.InodeAttr) -> None:
         """Queue the chunks of a removed file for deletion on storage."""
-        item = cluster_pb2.GCItem(gc_id=attr.inode, inode=attr.inode, chains=attr.layout.chains)
-        self.txn.put(keys.gc_key(attr.inode), item.SerializeToString())
-        self.gc_queued.append(attr.inode)
+        self.gc_queued.append(gcqueue.add(self.txn, attr))
