@@ -20,7 +20,7 @@ from collections import defaultdict, deque
 
 from google.protobuf.message import DecodeError
 
-from emberfs.client.meta import RequestIds, TransientError, retry
+from emberfs.client.retry import RequestIds, TransientError, retry
 from emberfs.client.routing import RoutingCache
 from emberfs.common import framing, wire
 from emberfs.common.framing import Op

@@ -36,8 +36,9 @@ from emberfs.client.file import (
     wait_all,
 )
 from emberfs.client.memory import keep_freed_memory
-from emberfs.client.meta import BATCH_OPEN, MetaClient, RequestIds
+from emberfs.client.meta import BATCH_OPEN, MetaClient
 from emberfs.client.readahead import BlockPool  # importing it registers the cache
+from emberfs.client.retry import RequestIds
 from emberfs.client.routing import RoutingCache
 from emberfs.common import wire
 from emberfs.common.layout import chunk_chain, chunk_spans

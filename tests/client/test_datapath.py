@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from emberfs.client.datapath import DataClient
-from emberfs.client.meta import RequestIds
+from emberfs.client.retry import RequestIds
 from emberfs.client.routing import RoutingCache
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
