@@ -16,7 +16,6 @@ import datetime
 import errno
 import os
 import re
-import stat
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,19 +24,18 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
+from emberfs.client.buffers import BlockPool, as_bytes, result_buffer
 from emberfs.client.datapath import DataClient
-from emberfs.client.file import (
-    EmberFile,
+from emberfs.client.file import EmberFile, wait_all
+from emberfs.client.handles import (
     OpenHandle,
     SessionLeases,
-    as_bytes,
-    result_buffer,
+    attr_info,
+    is_a_directory,
     stale_session,
-    wait_all,
 )
 from emberfs.client.memory import keep_freed_memory
 from emberfs.client.meta import BATCH_OPEN, MetaClient
-from emberfs.client.readahead import BlockPool  # importing it registers the cache
 from emberfs.client.retry import RequestIds
 from emberfs.client.routing import RoutingCache
 from emberfs.common import wire
@@ -50,20 +48,10 @@ _PROTOCOLS = ("emberfs", "ember")
 _URL = re.compile(r"^(?:emberfs|ember)://")
 _MAGIC = re.compile(r"[*?\[]")
 
-_TYPES = {
-    common_pb2.FILE: ("file", stat.S_IFREG),
-    common_pb2.DIRECTORY: ("directory", stat.S_IFDIR),
-    common_pb2.SYMLINK: ("link", stat.S_IFLNK),
-}
-
 
 def default_meta() -> str:
     """The metaserver address from ``EMBERFS_META`` (or 127.0.0.1:9400)."""
     return os.environ.get("EMBERFS_META") or DEFAULT_META
-
-
-def _is_a_directory(path: str) -> IsADirectoryError:
-    return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
 
 
 class _Runtime:
@@ -275,31 +263,9 @@ class EmberFileSystem(AbstractFileSystem):
         return f"emberfs://{self.meta}{self._strip_protocol(name)}"
 
     # attributes ------------------------------------------------------------------
-    def _attr_info(self, path: str, attr: common_pb2.InodeAttr) -> dict:
-        kind, fmt = _TYPES.get(attr.type, ("other", 0))
-        info = {
-            "name": path,
-            "size": attr.size if kind == "file" else 0,
-            "type": kind,
-            "mode": fmt | (attr.mode & 0o7777),
-            "uid": attr.uid,
-            "gid": attr.gid,
-            "mtime": attr.mtime_ns / 1e9,
-            "ctime": attr.ctime_ns / 1e9,
-            "created": attr.crtime_ns / 1e9,
-            "ino": attr.inode,
-            "nlink": attr.nlink,
-            "islink": kind == "link",
-        }
-        if kind == "link":
-            info["destination"] = attr.symlink_target
-        if kind == "file" and attr.HasField("layout"):
-            info["chunk_size"] = attr.layout.chunk_size
-        return info
-
     def info(self, path, **kwargs) -> dict:
         path = self._strip_protocol(path)
-        return self._attr_info(path, self._meta.stat(path, follow=True))
+        return attr_info(path, self._meta.stat(path, follow=True))
 
     def ls(self, path, detail: bool = True, **kwargs):
         path = self._strip_protocol(path)
@@ -311,7 +277,7 @@ class EmberFileSystem(AbstractFileSystem):
                 raise
             return [info] if detail else [path]
         base = "" if path == "/" else path
-        out = [self._attr_info(f"{base}/{e.name}", e.attr) for e in entries]
+        out = [attr_info(f"{base}/{e.name}", e.attr) for e in entries]
         return out if detail else [o["name"] for o in out]
 
     def exists(self, path, **kwargs) -> bool:
@@ -365,7 +331,7 @@ class EmberFileSystem(AbstractFileSystem):
         """Remove a file or symlink (IsADirectoryError for a directory)."""
         path = self._strip_protocol(path)
         if self._meta.stat(path, follow=False).type == common_pb2.DIRECTORY:
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            raise is_a_directory(path)
         self._meta.remove(path)
 
     _rm = rm_file
@@ -423,7 +389,7 @@ class EmberFileSystem(AbstractFileSystem):
             self._meta.mkdir(self._parent(path), parents=True)
             resp = self._meta.open(path, flags)
         if resp.attr.type == common_pb2.DIRECTORY:
-            raise _is_a_directory(path)
+            raise is_a_directory(path)
         return OpenHandle.from_open(path, resp)
 
     def _read_handles(self, paths: list[str]) -> dict[str, OpenHandle | OSError]:
@@ -438,7 +404,7 @@ class EmberFileSystem(AbstractFileSystem):
             if isinstance(got, OSError):
                 out[path] = got
             elif got.type == common_pb2.DIRECTORY:
-                out[path] = _is_a_directory(path)
+                out[path] = is_a_directory(path)
             else:
                 out[path] = OpenHandle.for_read(path, got)
         return out

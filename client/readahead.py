@@ -11,7 +11,8 @@
 * :meth:`ReadaheadCache.readinto` fetches the blocks not already in flight
   straight into the caller's buffer.
 
-Block buffers that were read come back to a :class:`BlockPool` through the
+Block buffers that were read come back to a
+:class:`~emberfs.client.buffers.BlockPool` through the
 cache's ``release`` callback, so a long sequential read keeps reusing a few
 buffers whose pages are already mapped instead of faulting in fresh memory
 for every block.
@@ -26,7 +27,6 @@ socket read, instead of landing in a block buffer and being copied again.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
@@ -95,47 +95,6 @@ class _SentBlock:
         return None
 
 
-class BlockPool:
-    """Spare block buffers, reused by size, at most ``max_bytes`` of them kept.
-
-    Parameters
-    ----------
-    max_bytes : int
-        Total size of the buffers kept for reuse; beyond it released buffers
-        are left to the garbage collector.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max(0, max_bytes)
-        self._free: dict[int, list[bytearray]] = {}
-        self._kept = 0
-        self._lock = threading.Lock()
-
-    def get(self, n: int) -> bytearray:
-        """A bytearray of ``n`` bytes (old content: the caller overwrites all of it)."""
-        with self._lock:
-            free = self._free.get(n)
-            if free:
-                self._kept -= n
-                return free.pop()
-        return bytearray(n)
-
-    def put(self, buf) -> None:
-        """Give back a buffer nobody reads or writes any more."""
-        if not isinstance(buf, bytearray):
-            return
-        n = len(buf)
-        with self._lock:
-            if n and self._kept + n <= self.max_bytes:
-                self._free.setdefault(n, []).append(buf)
-                self._kept += n
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-            self._kept = 0
-
-
 class ReadaheadCache(BaseCache):
     """Adaptive readahead over fixed blocks, fed by asynchronous fetchers.
 
@@ -157,7 +116,7 @@ class ReadaheadCache(BaseCache):
         Most blocks fetched ahead of the reader.
     release : callable or None
         ``release(buffer)`` takes back the buffer of a block once the cache
-        is done with it (see :class:`BlockPool`).
+        is done with it (see :class:`~emberfs.client.buffers.BlockPool`).
     start : callable or None
         ``start(start, end)`` sends the read of a block and returns it
         unreceived (or None); ``readinto`` streams read ahead with it.
