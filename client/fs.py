@@ -18,14 +18,13 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from emberfs.client.buffers import BlockPool, as_bytes, result_buffer
-from emberfs.client.datapath import DataClient
+from emberfs.client.buffers import as_bytes, result_buffer
 from emberfs.client.file import EmberFile, wait_all
 from emberfs.client.handles import (
     OpenHandle,
@@ -36,11 +35,8 @@ from emberfs.client.handles import (
 )
 from emberfs.client.memory import keep_freed_memory
 from emberfs.client.meta import BATCH_OPEN, MetaClient
-from emberfs.client.retry import RequestIds
-from emberfs.client.routing import RoutingCache
-from emberfs.common import wire
+from emberfs.client.runtime import ProcessRuntime, Runtime
 from emberfs.common.layout import chunk_chain, chunk_spans
-from emberfs.common.stalls import live_addresses
 from emberfs.proto import common_pb2, meta_pb2
 
 DEFAULT_META = "127.0.0.1:9400"
@@ -52,48 +48,6 @@ _MAGIC = re.compile(r"[*?\[]")
 def default_meta() -> str:
     """The metaserver address from ``EMBERFS_META`` (or 127.0.0.1:9400)."""
     return os.environ.get("EMBERFS_META") or DEFAULT_META
-
-
-class _Runtime:
-    """Everything that must not cross a fork: channel, sockets, threads."""
-
-    def __init__(self, fs: EmberFileSystem) -> None:
-        self.pid = os.getpid()
-        self.ids = RequestIds()
-        self.meta = MetaClient(
-            fs.meta, timeout=fs.rpc_timeout, retry_timeout=fs.retry_timeout, ids=self.ids
-        )
-        routing = self.routing = RoutingCache(self.meta.routing)
-        self.pool = wire.ConnectionPool(
-            connect_timeout=fs.connect_timeout,
-            io_timeout=fs.io_timeout,
-            max_per_address=fs.max_connections,
-            # the servers the metaserver counts as up now (asked while a transfer stalls)
-            live=lambda: live_addresses(routing.refresh(routing.get()).targets.values()),
-            stall_check=fs.stall_check,
-        )
-        self.data = DataClient(
-            self.routing,
-            self.ids,
-            self.pool,
-            read_timeout=fs.read_timeout,
-            write_timeout=fs.write_timeout,
-        )
-        self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
-        # readahead block buffers, reused so a long read does not fault in fresh memory
-        self.blocks = BlockPool((fs.readahead_depth + 2) * fs.default_block_size)
-        # write-session lease renewal; its thread starts with the first open for write
-        self.leases = SessionLeases(self.meta.renew_sessions, fs.session_renew_interval)
-
-    def close(self) -> None:
-        if self.pid != os.getpid():
-            self.meta.abandon()
-            return
-        self.leases.stop()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.blocks.clear()
-        self.pool.close()
-        self.meta.close()
 
 
 class EmberFileSystem(AbstractFileSystem):
@@ -194,28 +148,12 @@ class EmberFileSystem(AbstractFileSystem):
         self.blocksize = self.default_block_size
         if self.keep_memory:
             keep_freed_memory()
-        self._rt: _Runtime | None = None
-        self._rt_lock = threading.Lock()
-        self._rt_lock_pid = os.getpid()
+        self._rt = ProcessRuntime(self)
         self._plan = threading.local()  # see _planned
 
     # per-process runtime ---------------------------------------------------------
-    def _runtime(self) -> _Runtime:
-        rt = self._rt
-        pid = os.getpid()
-        if rt is not None and rt.pid == pid:
-            return rt
-        if self._rt_lock_pid != pid:
-            # a lock inherited across fork may be held by a thread that does not exist here
-            self._rt_lock = threading.Lock()
-            self._rt_lock_pid = pid
-        with self._rt_lock:
-            rt = self._rt
-            if rt is None or rt.pid != pid:
-                if rt is not None:
-                    rt.close()  # in a child: only forgets the parent's objects
-                rt = self._rt = _Runtime(self)
-            return rt
+    def _runtime(self) -> Runtime:
+        return self._rt.get()
 
     @property
     def _meta(self) -> MetaClient:
@@ -226,10 +164,7 @@ class EmberFileSystem(AbstractFileSystem):
 
     def close(self) -> None:
         """Release connections and threads (the instance stays usable)."""
-        with self._rt_lock:
-            rt, self._rt = self._rt, None
-        if rt is not None:
-            rt.close()
+        self._rt.close()
 
     @property
     def fsid(self) -> str:
@@ -503,8 +438,8 @@ class EmberFileSystem(AbstractFileSystem):
 
     def _release_block(self, buf) -> None:
         """Take back a block buffer of :meth:`_submit_block` that nobody uses any more."""
-        rt = self._rt
-        if rt is not None and rt.pid == os.getpid():
+        rt = self._rt.current()
+        if rt is not None:
             rt.blocks.put(buf)
 
     def _submit_write(self, h: OpenHandle, offset: int, data) -> Future:
