@@ -23,20 +23,13 @@ from concurrent.futures import Future, wait
 from fsspec.spec import AbstractBufferedFile
 
 from emberfs.client.buffers import as_bytes, result_buffer
+from emberfs.client.chunkio import wait_all
 from emberfs.client.handles import OpenHandle, attr_info, stale_session
 from emberfs.client.readahead import ReadaheadCache
 
 # reads at least this large bypass the cache and land in one buffer
 DIRECT_READ_THRESHOLD = 1024 * 1024
 STREAM_READ_UNIT = 1024 * 1024
-
-
-def wait_all(futures) -> None:
-    """Wait for every future, then raise the first error among them."""
-    futures = list(futures)
-    wait(futures)
-    for fut in futures:
-        fut.result()
 
 
 class EmberFile(AbstractBufferedFile):
@@ -71,6 +64,7 @@ class EmberFile(AbstractBufferedFile):
         **kwargs,
     ) -> None:
         self.handle = handle
+        self._io = fs.chunk_io
         chunk = handle.chunk_size or fs.default_block_size
         self._streaming = block_size == 0
         if block_size in ("default", None):
@@ -80,11 +74,8 @@ class EmberFile(AbstractBufferedFile):
             cache_type = "none"
         cache_options = dict(cache_options or {})
         if mode == "rb" and cache_type == "emberfs":
-            cache_options.setdefault("submit", self._submit_block)
-            cache_options.setdefault("submit_into", self._submit_into)
-            cache_options.setdefault("start", self._start_block)
+            cache_options.setdefault("reader", self._io.reader(handle))
             cache_options.setdefault("depth", fs.readahead_depth)
-            cache_options.setdefault("release", fs._release_block)
         super().__init__(
             fs,
             path,
@@ -104,7 +95,7 @@ class EmberFile(AbstractBufferedFile):
             self._inflight: deque[tuple[int, Future]] = deque()
             self._failed: BaseException | None = None
             if handle.session_id:
-                fs._leases().register(handle)
+                fs.sessions.register(handle)
 
     @property
     def details(self):
@@ -118,22 +109,8 @@ class EmberFile(AbstractBufferedFile):
         self.size = value["size"]
 
     # reading -------------------------------------------------------------------
-    def _submit_into(self, start: int, view: memoryview) -> list[Future]:
-        return self.fs._submit_into(self.handle, start, view)
-
-    def _submit_block(self, start: int, end: int) -> Future:
-        return self.fs._submit_block(self.handle, start, end)
-
-    def _start_block(self, start: int, end: int):
-        return self.fs._start_block(self.handle, start, end)
-
     def _fetch_range(self, start: int, end: int) -> bytes:
-        end = min(end, self.size)
-        if start >= end:
-            return b""
-        buf, view = result_buffer(end - start)
-        wait_all(self._submit_into(start, view))
-        return as_bytes(buf)
+        return self._io.read_range(self.handle, start, min(end, self.size))
 
     def readinto(self, b) -> int:
         """Read into ``b`` (fetching straight into it where nothing is cached)."""
@@ -148,7 +125,7 @@ class EmberFile(AbstractBufferedFile):
         if isinstance(self.cache, ReadaheadCache):
             got = self.cache.readinto(self.loc, out[:n])
         elif type(self.cache).name == "none":
-            wait_all(self._submit_into(self.loc, out[:n]))
+            wait_all(self._io.submit_into(self.handle, self.loc, out[:n]))
             got = n
         else:
             data = super().read(n)
@@ -215,7 +192,7 @@ class EmberFile(AbstractBufferedFile):
         ):
             self._reap(self._inflight.popleft()[1])
         self._inflight.append(
-            (index, self.fs._submit_write(self.handle, offset, data)),
+            (index, self._io.submit_write(self.handle, offset, data)),
         )
 
     def _reap(self, fut: Future) -> None:
@@ -299,29 +276,19 @@ class EmberFile(AbstractBufferedFile):
         try:
             if h.expired:
                 raise stale_session(self.path)
-            attr = self.fs._meta.close_file(
-                h.inode, h.session_id, self._pending_at, wrote=error is None, path=self.path
-            )
+            attr = self.fs.sessions.close(h, self._pending_at, wrote=error is None, path=self.path)
             self.handle.attr = attr
         except BaseException as exc:
-            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and self._session_gone():
+            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and self.fs.sessions.gone(h):
                 exc = stale_session(self.path)
             error = error or exc
         finally:
             if h.session_id:
-                self.fs._leases().unregister(h)
+                self.fs.sessions.unregister(h)
         if error is not None:
             if isinstance(error, OSError):
                 raise error
             raise OSError(errno.EIO, f"writing {self.path} failed: {error}") from error
-
-    def _session_gone(self) -> bool:
-        """True when the metaserver no longer has this file's write session."""
-        h = self.handle
-        try:
-            return bool(self.fs._meta.renew_sessions([(h.inode, h.session_id)]))
-        except OSError:
-            return False
 
     def discard(self) -> None:
         """Writes already sent cannot be taken back; the session ends on close."""

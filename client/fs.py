@@ -18,17 +18,17 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
 
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from emberfs.client.buffers import as_bytes, result_buffer
-from emberfs.client.file import EmberFile, wait_all
+from emberfs.client.buffers import as_bytes
+from emberfs.client.chunkio import ChunkIO, wait_all
+from emberfs.client.file import EmberFile
 from emberfs.client.handles import (
     OpenHandle,
-    SessionLeases,
+    WriteSessions,
     attr_info,
     is_a_directory,
     stale_session,
@@ -36,7 +36,7 @@ from emberfs.client.handles import (
 from emberfs.client.memory import keep_freed_memory
 from emberfs.client.meta import BATCH_OPEN, MetaClient
 from emberfs.client.runtime import ProcessRuntime, Runtime
-from emberfs.common.layout import chunk_chain, chunk_spans
+from emberfs.common.layout import chunk_spans
 from emberfs.proto import common_pb2, meta_pb2
 
 DEFAULT_META = "127.0.0.1:9400"
@@ -149,6 +149,9 @@ class EmberFileSystem(AbstractFileSystem):
         if self.keep_memory:
             keep_freed_memory()
         self._rt = ProcessRuntime(self)
+        # what EmberFile and the transfers of many files read, write and end sessions through
+        self.chunk_io = ChunkIO(self._rt)
+        self.sessions = WriteSessions(self._rt)
         self._plan = threading.local()  # see _planned
 
     # per-process runtime ---------------------------------------------------------
@@ -158,9 +161,6 @@ class EmberFileSystem(AbstractFileSystem):
     @property
     def _meta(self) -> MetaClient:
         return self._runtime().meta
-
-    def _leases(self) -> SessionLeases:
-        return self._runtime().leases
 
     def close(self) -> None:
         """Release connections and threads (the instance stays usable)."""
@@ -390,95 +390,12 @@ class EmberFileSystem(AbstractFileSystem):
         self._meta.truncate(self._strip_protocol(path), int(length))
         self.invalidate_cache(self._parent(self._strip_protocol(path)))
 
-    # data path -----------------------------------------------------------------------
-    def _submit_into(self, h: OpenHandle, start: int, view: memoryview) -> list[Future]:
-        """Start parallel chunk reads filling ``view`` with the file bytes at ``start``."""
-        rt = self._runtime()
-        return [
-            rt.executor.submit(rt.data.read_chunk, *r) for r in self._chunk_reads(h, start, view)
-        ]
-
-    @staticmethod
-    def _chunk_reads(h: OpenHandle, start: int, view: memoryview):
-        """``read_chunk`` arguments filling ``view`` with the file bytes at ``start``, per chunk."""
-        for s in chunk_spans(start, len(view), h.chunk_size):
-            lo = s.file_offset - start
-            piece = view[lo : lo + s.length]
-            yield chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, piece
-
-    def _submit_block(self, h: OpenHandle, start: int, end: int) -> Future:
-        """A future of a bytearray with the file bytes [start, end) (one task).
-
-        The buffer comes from the runtime's :class:`BlockPool`;
-        :meth:`_release_block` gives it back.
-        """
-        rt = self._runtime()
-
-        def fetch() -> bytearray:
-            buf = rt.blocks.get(end - start)
-            for r in self._chunk_reads(h, start, memoryview(buf)):
-                rt.data.read_chunk(*r)
-            return buf
-
-        return rt.executor.submit(fetch)
-
-    def _start_block(self, h: OpenHandle, start: int, end: int):
-        """Send the read of file bytes [start, end) now (one chunk); see ``DataClient.start_read``.
-
-        None when the range spans chunks or no replica has a free connection.
-        """
-        spans = chunk_spans(start, end - start, h.chunk_size)
-        if len(spans) != 1:
-            return None
-        s = spans[0]
-        rt = self._runtime()
-        return rt.data.start_read(
-            chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, s.length
-        )
-
-    def _release_block(self, buf) -> None:
-        """Take back a block buffer of :meth:`_submit_block` that nobody uses any more."""
-        rt = self._rt.current()
-        if rt is not None:
-            rt.blocks.put(buf)
-
-    def _submit_write(self, h: OpenHandle, offset: int, data) -> Future:
-        """Start a write of ``data`` at file ``offset`` (within one chunk)."""
-        rt = self._runtime()
-        index, inner = divmod(offset, h.chunk_size)
-        return rt.executor.submit(
-            rt.data.write_chunk,
-            chunk_chain(h.chains, index),
-            h.inode,
-            index,
-            inner,
-            data,
-            h.chunk_size,
-        )
-
-    @staticmethod
-    def _range(size: int, start, end) -> tuple[int, int]:
-        start = 0 if start is None else start
-        end = size if end is None else end
-        if start < 0:
-            start = max(0, size + start)
-        if end < 0:
-            end = max(0, size + end)
-        return min(start, size), max(min(end, size), min(start, size))
-
-    def _read_range(self, h: OpenHandle, start, end) -> bytes:
-        start, end = self._range(h.size, start, end)
-        if end <= start:
-            return b""
-        buf, view = result_buffer(end - start)
-        wait_all(self._submit_into(h, start, view))
-        return as_bytes(buf)
-
+    # reading and writing -------------------------------------------------------------
     def cat_file(self, path, start=None, end=None, **kwargs) -> bytes:
         """The bytes of ``path`` (all its chunks fetched in parallel into one buffer)."""
         path = self._strip_protocol(path)
         h = self._open_handle(path, meta_pb2.OPEN_READ)
-        return self._read_range(h, start, end)
+        return self.chunk_io.read_range(h, start, end)
 
     def cat(self, path, recursive=False, on_error="raise", **kwargs):
         """The bytes of one path, or ``{path: bytes}`` of many, all fetched concurrently.
@@ -528,7 +445,7 @@ class EmberFileSystem(AbstractFileSystem):
             for p in stripped:
                 if isinstance(handles[p], OSError):
                     raise handles[p]  # before any read starts
-        jobs = self._start_reads([handles[p] for p in stripped], starts, ends)
+        jobs = self.chunk_io.start_reads([handles[p] for p in stripped], starts, ends)
         out = []
         for err, buf, futures in jobs:
             if err is not None:
@@ -542,22 +459,6 @@ class EmberFileSystem(AbstractFileSystem):
                     raise
                 out.append(exc)
         return out
-
-    def _start_reads(self, handles, starts, ends) -> list:
-        """Start reading a range of each handle: ``(error, buffer, futures)`` per handle.
-
-        A handle that is an error (its open failed) gives ``(error, None, [])``;
-        the others a :class:`ResultBuffer` that their futures fill.
-        """
-        jobs = []
-        for h, s, e in zip(handles, starts, ends, strict=True):
-            if isinstance(h, OSError):
-                jobs.append((h, None, []))
-                continue
-            lo, hi = self._range(h.size, s, e)
-            buf, view = result_buffer(hi - lo)
-            jobs.append((None, buf, self._submit_into(h, lo, view) if hi > lo else []))
-        return jobs
 
     def pipe_file(self, path, value, mode: str = "overwrite", **kwargs) -> None:
         """Write ``value`` as the whole file; ``mode="create"`` refuses an existing path."""
@@ -638,14 +539,14 @@ class EmberFileSystem(AbstractFileSystem):
             p: h for p, h in handles.items() if isinstance(h, OSError)
         }
         opened = {p: h for p, h in handles.items() if not isinstance(h, OSError)}
-        leases = self._leases()
+        sessions = self.sessions
         try:
             writes = {}
             for p, h in opened.items():
-                leases.register(h)
+                sessions.register(h)
                 view = memoryview(datas[p])
                 writes[p] = [
-                    self._submit_write(
+                    self.chunk_io.submit_write(
                         h, s.file_offset, view[s.file_offset : s.file_offset + s.length]
                     )
                     for s in chunk_spans(0, len(view), h.chunk_size)
@@ -660,7 +561,7 @@ class EmberFileSystem(AbstractFileSystem):
                     failed.setdefault(p, stale_session(p))
                     continue
                 closing.append((p, h))
-            ended = self._meta.batch_close(
+            ended = sessions.close_many(
                 [(h.inode, h.session_id, len(datas[p]), p not in failed) for p, h in closing],
                 [p for p, _ in closing],
             )
@@ -672,7 +573,7 @@ class EmberFileSystem(AbstractFileSystem):
                     h.attr = got
         finally:
             for h in opened.values():
-                leases.unregister(h)
+                sessions.unregister(h)
         return {p: _as_oserror(error, f"writing {p}") for p, error in failed.items()}
 
     def _copy_stream(self, f1, f2, callback=None, size: int | None = None) -> None:
@@ -843,7 +744,7 @@ class EmberFileSystem(AbstractFileSystem):
         """
         for group in _groups(small, lambda item: item[1].size):
             n = len(group)
-            jobs = self._start_reads([h for _, h in group], [None] * n, [None] * n)
+            jobs = self.chunk_io.start_reads([h for _, h in group], [None] * n, [None] * n)
             out = []
             for (i, h), (_, buf, futures) in zip(group, jobs, strict=True):
                 try:

@@ -8,7 +8,9 @@ fsspec's ``info`` dictionary.
 A write session is a lease: :class:`SessionLeases` renews the sessions of a
 process's open files in one ``RenewSessions`` call per interval and marks the
 handles whose session the metaserver ended; a write or close through such a
-handle fails with :func:`stale_session` (ESTALE).
+handle fails with :func:`stale_session` (ESTALE). :class:`WriteSessions` is
+where the files of one filesystem hold and end their sessions, in whichever
+process they run.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import os
 import stat
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from emberfs.proto import common_pb2
+
+if TYPE_CHECKING:
+    from emberfs.client.runtime import ProcessRuntime
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +178,52 @@ class SessionLeases:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
+
+
+class WriteSessions:
+    """The write sessions of one filesystem's open files, in the process that uses them.
+
+    A file open for writing registers its handle for renewal with the
+    :class:`SessionLeases` of the calling process's runtime and ends its
+    session through that runtime's metaserver client.
+
+    Parameters
+    ----------
+    runtime : ProcessRuntime
+    """
+
+    def __init__(self, runtime: ProcessRuntime) -> None:
+        self._runtime = runtime
+
+    def register(self, handle: OpenHandle) -> None:
+        """Keep ``handle``'s session renewed until :meth:`unregister`."""
+        self._runtime.get().leases.register(handle)
+
+    def unregister(self, handle: OpenHandle) -> None:
+        """Stop renewing ``handle``'s session."""
+        self._runtime.get().leases.unregister(handle)
+
+    def close(
+        self, handle: OpenHandle, length: int, wrote: bool, path: str | None = None
+    ) -> common_pb2.InodeAttr:
+        """End ``handle``'s session (``Close``), making the length exact when ``wrote``."""
+        meta = self._runtime.get().meta
+        return meta.close_file(handle.inode, handle.session_id, length, wrote=wrote, path=path)
+
+    def close_many(self, items: list[tuple[int, int, int, bool]], paths: list[str]) -> list:
+        """End many sessions, one ``BatchClose`` per 1000: per item its attributes or OSError.
+
+        ``items`` are ``(inode, session_id, length, wrote)`` and ``paths``
+        name them in errors, as for
+        :meth:`~emberfs.client.meta.MetaClient.batch_close`.
+        """
+        return self._runtime.get().meta.batch_close(items, paths)
+
+    def gone(self, handle: OpenHandle) -> bool:
+        """True when the metaserver no longer has ``handle``'s session (False if unsure)."""
+        try:
+            return bool(
+                self._runtime.get().meta.renew_sessions([(handle.inode, handle.session_id)])
+            )
+        except OSError:
+            return False

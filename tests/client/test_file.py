@@ -186,7 +186,7 @@ def test_text_mode_and_bad_modes(fs, base):
 
 def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
     seen = []
-    real = fs._submit_write
+    real = fs.chunk_io.submit_write
 
     def tracking(h, offset, data):
         fut = real(h, offset, data)
@@ -195,7 +195,7 @@ def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
         assert pending <= fs.write_depth
         return fut
 
-    monkeypatch.setattr(fs, "_submit_write", tracking)
+    monkeypatch.setattr(fs.chunk_io, "submit_write", tracking)
     chunks = fs.write_depth + 2  # more chunks than may be in flight
     data = os.urandom(chunks * 4 * MiB)
     with fs.open(f"{base}/bounded", "wb") as f:
