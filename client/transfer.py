@@ -16,7 +16,9 @@ metaserver call and keeps every chunk of many files in flight at once.
 
 Every file is attempted; then the first failure in the caller's order is
 raised. Callbacks report each file's bytes to its own branch, as fsspec's
-loop over files does.
+loop over files does. The moves of one file (``get_file``, ``put_file``,
+``cp_file``) stream it, remote reads received straight into one buffer
+(:func:`stream_out`).
 """
 
 from __future__ import annotations
@@ -417,15 +419,8 @@ class BatchTransfer:
         if close:
             outfile = _open_local(lpath)
         try:
-            buf = bytearray(min(max(f1.size, 1), max(self.fs.default_block_size, f1.blocksize)))
-            view = memoryview(buf)
-            while True:
-                n = f1.readinto(view)
-                if not n:
-                    break
-                outfile.write(view[:n])
-                if callback is not None:
-                    callback.relative_update(n)
+            unit = min(max(f1.size, 1), max(self.fs.default_block_size, f1.blocksize))
+            stream_out(f1, outfile, unit, callback)
         finally:
             if close:
                 outfile.close()
@@ -462,6 +457,23 @@ def groups(items: list, size_of) -> Iterator[list]:
         total += n
     if group:
         yield group
+
+
+def stream_out(f, out, unit: int, callback=None) -> None:
+    """Write the rest of the open file ``f`` to ``out``, ``unit`` bytes at a time at most.
+
+    Every piece is received with ``f.readinto`` into one buffer of ``unit``
+    bytes (straight from the sockets where nothing is cached) and written
+    from there; ``callback`` counts the bytes.
+    """
+    view = memoryview(bytearray(unit))
+    while True:
+        n = f.readinto(view)
+        if not n:
+            break
+        out.write(view[:n])
+        if callback is not None:
+            callback.relative_update(n)
 
 
 def _moved(callback, src, dst, nbytes: int) -> None:
