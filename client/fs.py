@@ -3,7 +3,9 @@
 URLs are ``emberfs://HOST:PORT/path`` (the metaserver's address) or
 ``emberfs:///path`` with the metaserver taken from ``EMBERFS_META`` (default
 ``127.0.0.1:9400``). Namespace operations are single metaserver calls; file
-data moves over the framed data protocol (:mod:`emberfs.client.datapath`).
+data moves over the framed data protocol (:mod:`emberfs.client.datapath`), a
+chunk per request, planned by :mod:`emberfs.client.chunkio` for open files and
+by :mod:`emberfs.client.transfer` for many files at once.
 
 One instance can be shared by threads. After ``os.fork`` (PyTorch DataLoader
 workers) the child notices the new process id and lazily builds its own gRPC
@@ -27,7 +29,7 @@ from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, WriteSessions, attr_info, is_a_directory
 from emberfs.client.memory import keep_freed_memory
 from emberfs.client.meta import MetaClient
-from emberfs.client.runtime import ProcessRuntime, Runtime
+from emberfs.client.runtime import ProcessRuntime
 from emberfs.client.transfer import BatchTransfer
 from emberfs.proto import common_pb2, meta_pb2
 
@@ -136,12 +138,9 @@ class EmberFileSystem(AbstractFileSystem):
         self._plan = threading.local()  # see _planned
 
     # per-process runtime ---------------------------------------------------------
-    def _runtime(self) -> Runtime:
-        return self._rt.get()
-
     @property
     def _meta(self) -> MetaClient:
-        return self._runtime().meta
+        return self._rt.get().meta
 
     def close(self) -> None:
         """Release connections and threads (the instance stays usable)."""

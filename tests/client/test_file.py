@@ -230,7 +230,7 @@ def _count_sent_reads(monkeypatch) -> dict:
 
 def _nothing_held(fs) -> bool:
     """No sent read outstanding and every open data connection idle in the pool."""
-    data = fs._runtime().data
+    data = fs._rt.get().data
     pool = data.pool
     with pool._cond:
         idle = all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
@@ -290,7 +290,7 @@ def test_closing_early_gives_the_connections_of_sent_reads_back(fs, blob, monkey
         buf = bytearray(f.handle.chunk_size)
         assert f.readinto(buf) == len(buf) and buf == data[: len(buf)]
         assert f.readinto(buf) == len(buf)  # sequential now: the next block is sent ahead
-        assert stats["sent"] >= 1 and any(fs._runtime().data.lanes._pending.values())
+        assert stats["sent"] >= 1 and any(fs._rt.get().data.lanes._pending.values())
     assert stats["received"] == 0
     assert _wait_nothing_held(fs)
     # a mixed read after that still sees the right bytes
