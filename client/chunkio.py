@@ -4,7 +4,7 @@ A file's bytes live in chunks of its layout's chunk size, chunk ``i`` on chain
 ``chains[i % stripe]`` (:mod:`emberfs.common.layout`). :class:`ChunkIO` turns
 a byte range of an :class:`~emberfs.client.handles.OpenHandle` into one read
 or write per chunk and runs them on the thread pool of the calling process's
-runtime, each straight into (or out of) its piece of the caller's buffer:
+runtime, each straight into (or out of) its piece of one buffer:
 
 * :meth:`~ChunkIO.submit_into` fills a view, every chunk in parallel;
 * :meth:`~ChunkIO.submit_block` fetches a readahead block into a pooled
@@ -14,7 +14,8 @@ runtime, each straight into (or out of) its piece of the caller's buffer:
   in the socket (:mod:`emberfs.client.lanes`);
 * :meth:`~ChunkIO.submit_write` writes a piece of one chunk through its chain;
 * :meth:`~ChunkIO.read_range` and :meth:`~ChunkIO.start_reads` read ranges of
-  one file or of many into :class:`~emberfs.client.buffers.ResultBuffer`\\ s.
+  one file or of many into result buffers
+  (:class:`~emberfs.client.buffers.ResultBuffer`).
 
 :class:`HandleReader` is the same for one handle, as the readahead cache
 (:mod:`emberfs.client.readahead`) asks for blocks.

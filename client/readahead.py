@@ -111,7 +111,7 @@ class _SentBlock:
 
 
 class ReadaheadCache(BaseCache):
-    """Adaptive readahead over fixed blocks, fed by asynchronous fetchers.
+    """Adaptive readahead over fixed blocks, fed by an asynchronous reader.
 
     Parameters
     ----------
