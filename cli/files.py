@@ -255,19 +255,15 @@ def main_cat(argv: list[str]) -> int:
     holder: list = []
 
     def body() -> int:
+        from emberfs.client.transfer import stream_out
+
         fs = _filesystem(args, args.paths)
         holder.append(fs)
         out = sys.stdout.buffer
         for path in args.paths:
             with fs.open(path, "rb") as f:
                 unit = max(f.blocksize, 1 << 20) * max(1, min(4, fs.readahead_depth))
-                buf = bytearray(min(unit, max(f.size, 1)))
-                view = memoryview(buf)
-                while True:
-                    n = f.readinto(view)
-                    if not n:
-                        break
-                    out.write(view[:n])
+                stream_out(f, out, min(unit, max(f.size, 1)))
         out.flush()
         return EXIT_OK
 

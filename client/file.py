@@ -9,205 +9,27 @@ Writing sends whole chunks to their chain heads as soon as they are complete,
 several in flight on the filesystem's thread pool (memory stays bounded by
 ``write_depth`` chunks); ``close`` waits for all of them and then ends the
 write session with the exact length. While a file is open for writing,
-:class:`SessionLeases` renews its session's lease; a session the metaserver
-ended (its lease ran out) makes the next write or close fail with ESTALE.
+:class:`~emberfs.client.handles.SessionLeases` renews its session's lease; a
+session the metaserver ended (its lease ran out) makes the next write or close
+fail with ESTALE.
 """
 
 from __future__ import annotations
 
 import errno
-import io
-import logging
-import threading
 from collections import deque
 from concurrent.futures import Future, wait
-from dataclasses import dataclass, field
 
 from fsspec.spec import AbstractBufferedFile
 
+from emberfs.client.buffers import as_bytes, result_buffer
+from emberfs.client.chunkio import wait_all
+from emberfs.client.handles import OpenHandle, attr_info, stale_session
 from emberfs.client.readahead import ReadaheadCache
-from emberfs.proto import common_pb2
 
 # reads at least this large bypass the cache and land in one buffer
 DIRECT_READ_THRESHOLD = 1024 * 1024
 STREAM_READ_UNIT = 1024 * 1024
-
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class OpenHandle:
-    """What one ``MetaService.Open`` returned: enough to read or write the file."""
-
-    path: str
-    attr: common_pb2.InodeAttr
-    session_id: int = 0
-    chains: list[int] = field(default_factory=list)
-    expired: bool = False  # the metaserver ended the write session (lease ran out)
-
-    @property
-    def inode(self) -> int:
-        return self.attr.inode
-
-    @property
-    def size(self) -> int:
-        return self.attr.size
-
-    @property
-    def chunk_size(self) -> int:
-        return self.attr.layout.chunk_size
-
-    @classmethod
-    def from_open(cls, path: str, resp) -> OpenHandle:
-        return cls(path, resp.attr, resp.session_id, list(resp.attr.layout.chains))
-
-    @classmethod
-    def for_read(cls, path: str, attr: common_pb2.InodeAttr) -> OpenHandle:
-        """The handle of a read-only open that returned ``attr`` (no session)."""
-        return cls(path, attr, 0, list(attr.layout.chains))
-
-
-def stale_session(path: str) -> OSError:
-    """The error of a write to a file whose write session the metaserver ended."""
-    return OSError(
-        errno.ESTALE,
-        f"the write session of {path} expired (its lease was not renewed in time); "
-        "the file keeps the length of its last flush or close",
-        path,
-    )
-
-
-class SessionLeases:
-    """Renews the write sessions of a process's open files, all in one call.
-
-    A daemon thread, started with the first :meth:`register`, calls
-    ``renew(sessions)`` every ``interval`` seconds with the ``(inode,
-    session_id)`` pairs of the registered handles; ``renew`` returns the
-    pairs the metaserver no longer has, and those handles are marked
-    ``expired``. A failed renewal is logged and retried at the next interval.
-
-    Parameters
-    ----------
-    renew : callable
-        ``renew(list of (inode, session_id)) -> set of expired pairs``
-        (:meth:`emberfs.client.meta.MetaClient.renew_sessions`).
-    interval : float
-        Seconds between renewals; keep it well below the metaserver's
-        session timeout.
-    """
-
-    def __init__(self, renew, interval: float) -> None:
-        if not interval > 0:
-            raise ValueError(f"session renew interval {interval} is not positive")
-        self._renew = renew
-        self.interval = interval
-        self._handles: dict[int, OpenHandle] = {}  # id(handle) -> handle
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def register(self, handle: OpenHandle) -> None:
-        """Keep renewing ``handle``'s write session until :meth:`unregister`."""
-        with self._lock:
-            self._handles[id(handle)] = handle
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="emberfs-leases", daemon=True
-                )
-                self._thread.start()
-
-    def unregister(self, handle: OpenHandle) -> None:
-        """Stop renewing ``handle``'s session (it was closed)."""
-        with self._lock:
-            self._handles.pop(id(handle), None)
-
-    def renew_now(self) -> None:
-        """Renew every registered session once, marking the expired handles."""
-        with self._lock:
-            handles = list(self._handles.values())
-        if not handles:
-            return
-        gone = self._renew([(h.inode, h.session_id) for h in handles])
-        for h in handles:
-            if (h.inode, h.session_id) in gone:
-                if not h.expired:
-                    log.warning("write session of %s expired", h.path)
-                h.expired = True
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.renew_now()
-            except Exception as exc:
-                log.warning("renewing write sessions failed: %s", exc)
-
-    def stop(self) -> None:
-        """Stop the renewal thread (sessions still registered then lapse)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1.0)
-
-
-class ResultBuffer:
-    """``n`` zeroed bytes that chunk reads fill in place, returned as ``bytes`` without a copy.
-
-    The storage is an :class:`io.BytesIO` over a fresh zeroed ``bytes`` of
-    its own: :meth:`io.BytesIO.getbuffer` gives the writable view that
-    receivers ``recv_into`` and, once that view is released,
-    :meth:`io.BytesIO.getvalue` hands over the same object (CPython shares
-    it when no view is left; otherwise it copies, which is slower but equally
-    correct). The zeroed pages are mapped lazily, so they are faulted in by
-    the threads that receive into them rather than zeroed up front.
-
-    Attributes
-    ----------
-    view : memoryview
-        Writable view of the ``n`` bytes; valid until :meth:`getvalue`.
-    """
-
-    __slots__ = ("_bio", "view")
-
-    def __init__(self, n: int) -> None:
-        self._bio = io.BytesIO(bytes(n))
-        self.view = self._bio.getbuffer()
-
-    def __len__(self) -> int:
-        return len(self.view)
-
-    def getvalue(self, n: int | None = None) -> bytes:
-        """The first ``n`` bytes (all by default); the buffer is spent afterwards.
-
-        Call it only when nothing writes into :attr:`view` any more.
-        """
-        view, self.view = self.view, None
-        if view is None:
-            raise ValueError("the result buffer was already taken")
-        size = view.nbytes
-        view.release()
-        if n is not None and n < size:
-            self._bio.truncate(n)
-        data, self._bio = self._bio.getvalue(), None
-        return data
-
-
-def result_buffer(n: int) -> tuple[ResultBuffer, memoryview]:
-    """A :class:`ResultBuffer` of ``n`` bytes and its writable view."""
-    buf = ResultBuffer(n)
-    return buf, buf.view
-
-
-def as_bytes(buf: ResultBuffer, n: int | None = None) -> bytes:
-    """The ``bytes`` of a filled :class:`ResultBuffer` (its first ``n`` bytes)."""
-    return buf.getvalue(n)
-
-
-def wait_all(futures) -> None:
-    """Wait for every future, then raise the first error among them."""
-    futures = list(futures)
-    wait(futures)
-    for fut in futures:
-        fut.result()
 
 
 class EmberFile(AbstractBufferedFile):
@@ -242,6 +64,7 @@ class EmberFile(AbstractBufferedFile):
         **kwargs,
     ) -> None:
         self.handle = handle
+        self._io = fs.chunk_io
         chunk = handle.chunk_size or fs.default_block_size
         self._streaming = block_size == 0
         if block_size in ("default", None):
@@ -251,11 +74,8 @@ class EmberFile(AbstractBufferedFile):
             cache_type = "none"
         cache_options = dict(cache_options or {})
         if mode == "rb" and cache_type == "emberfs":
-            cache_options.setdefault("submit", self._submit_block)
-            cache_options.setdefault("submit_into", self._submit_into)
-            cache_options.setdefault("start", self._start_block)
+            cache_options.setdefault("reader", self._io.reader(handle))
             cache_options.setdefault("depth", fs.readahead_depth)
-            cache_options.setdefault("release", fs._release_block)
         super().__init__(
             fs,
             path,
@@ -275,12 +95,12 @@ class EmberFile(AbstractBufferedFile):
             self._inflight: deque[tuple[int, Future]] = deque()
             self._failed: BaseException | None = None
             if handle.session_id:
-                fs._leases().register(handle)
+                fs.sessions.register(handle)
 
     @property
     def details(self):
         if self._details is None:
-            self._details = self.fs._attr_info(self.path, self.handle.attr)
+            self._details = attr_info(self.path, self.handle.attr)
         return self._details
 
     @details.setter
@@ -289,22 +109,8 @@ class EmberFile(AbstractBufferedFile):
         self.size = value["size"]
 
     # reading -------------------------------------------------------------------
-    def _submit_into(self, start: int, view: memoryview) -> list[Future]:
-        return self.fs._submit_into(self.handle, start, view)
-
-    def _submit_block(self, start: int, end: int) -> Future:
-        return self.fs._submit_block(self.handle, start, end)
-
-    def _start_block(self, start: int, end: int):
-        return self.fs._start_block(self.handle, start, end)
-
     def _fetch_range(self, start: int, end: int) -> bytes:
-        end = min(end, self.size)
-        if start >= end:
-            return b""
-        buf, view = result_buffer(end - start)
-        wait_all(self._submit_into(start, view))
-        return as_bytes(buf)
+        return self._io.read_range(self.handle, start, min(end, self.size))
 
     def readinto(self, b) -> int:
         """Read into ``b`` (fetching straight into it where nothing is cached)."""
@@ -319,7 +125,7 @@ class EmberFile(AbstractBufferedFile):
         if isinstance(self.cache, ReadaheadCache):
             got = self.cache.readinto(self.loc, out[:n])
         elif type(self.cache).name == "none":
-            wait_all(self._submit_into(self.loc, out[:n]))
+            wait_all(self._io.submit_into(self.handle, self.loc, out[:n]))
             got = n
         else:
             data = super().read(n)
@@ -386,7 +192,7 @@ class EmberFile(AbstractBufferedFile):
         ):
             self._reap(self._inflight.popleft()[1])
         self._inflight.append(
-            (index, self.fs._submit_write(self.handle, offset, data)),
+            (index, self._io.submit_write(self.handle, offset, data)),
         )
 
     def _reap(self, fut: Future) -> None:
@@ -470,29 +276,19 @@ class EmberFile(AbstractBufferedFile):
         try:
             if h.expired:
                 raise stale_session(self.path)
-            attr = self.fs._meta.close_file(
-                h.inode, h.session_id, self._pending_at, wrote=error is None, path=self.path
-            )
+            attr = self.fs.sessions.close(h, self._pending_at, wrote=error is None, path=self.path)
             self.handle.attr = attr
         except BaseException as exc:
-            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and self._session_gone():
+            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and self.fs.sessions.gone(h):
                 exc = stale_session(self.path)
             error = error or exc
         finally:
             if h.session_id:
-                self.fs._leases().unregister(h)
+                self.fs.sessions.unregister(h)
         if error is not None:
             if isinstance(error, OSError):
                 raise error
             raise OSError(errno.EIO, f"writing {self.path} failed: {error}") from error
-
-    def _session_gone(self) -> bool:
-        """True when the metaserver no longer has this file's write session."""
-        h = self.handle
-        try:
-            return bool(self.fs._meta.renew_sessions([(h.inode, h.session_id)]))
-        except OSError:
-            return False
 
     def discard(self) -> None:
         """Writes already sent cannot be taken back; the session ends on close."""

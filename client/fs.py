@@ -3,7 +3,9 @@
 URLs are ``emberfs://HOST:PORT/path`` (the metaserver's address) or
 ``emberfs:///path`` with the metaserver taken from ``EMBERFS_META`` (default
 ``127.0.0.1:9400``). Namespace operations are single metaserver calls; file
-data moves over the framed data protocol (:mod:`emberfs.client.datapath`).
+data moves over the framed data protocol (:mod:`emberfs.client.datapath`), a
+chunk per request, planned by :mod:`emberfs.client.chunkio` for open files and
+by :mod:`emberfs.client.transfer` for many files at once.
 
 One instance can be shared by threads. After ``os.fork`` (PyTorch DataLoader
 workers) the child notices the new process id and lazily builds its own gRPC
@@ -16,32 +18,19 @@ import datetime
 import errno
 import os
 import re
-import stat
 import threading
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
-from emberfs.client.datapath import DataClient
-from emberfs.client.file import (
-    EmberFile,
-    OpenHandle,
-    SessionLeases,
-    as_bytes,
-    result_buffer,
-    stale_session,
-    wait_all,
-)
+from emberfs.client.chunkio import ChunkIO
+from emberfs.client.file import EmberFile
+from emberfs.client.handles import OpenHandle, WriteSessions, attr_info, is_a_directory
 from emberfs.client.memory import keep_freed_memory
-from emberfs.client.meta import BATCH_OPEN, MetaClient, RequestIds
-from emberfs.client.readahead import BlockPool  # importing it registers the cache
-from emberfs.client.routing import RoutingCache
-from emberfs.common import wire
-from emberfs.common.layout import chunk_chain, chunk_spans
-from emberfs.common.stalls import live_addresses
+from emberfs.client.meta import MetaClient
+from emberfs.client.runtime import ProcessRuntime
+from emberfs.client.transfer import BatchTransfer
 from emberfs.proto import common_pb2, meta_pb2
 
 DEFAULT_META = "127.0.0.1:9400"
@@ -49,62 +38,10 @@ _PROTOCOLS = ("emberfs", "ember")
 _URL = re.compile(r"^(?:emberfs|ember)://")
 _MAGIC = re.compile(r"[*?\[]")
 
-_TYPES = {
-    common_pb2.FILE: ("file", stat.S_IFREG),
-    common_pb2.DIRECTORY: ("directory", stat.S_IFDIR),
-    common_pb2.SYMLINK: ("link", stat.S_IFLNK),
-}
-
 
 def default_meta() -> str:
     """The metaserver address from ``EMBERFS_META`` (or 127.0.0.1:9400)."""
     return os.environ.get("EMBERFS_META") or DEFAULT_META
-
-
-def _is_a_directory(path: str) -> IsADirectoryError:
-    return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-
-
-class _Runtime:
-    """Everything that must not cross a fork: channel, sockets, threads."""
-
-    def __init__(self, fs: EmberFileSystem) -> None:
-        self.pid = os.getpid()
-        self.ids = RequestIds()
-        self.meta = MetaClient(
-            fs.meta, timeout=fs.rpc_timeout, retry_timeout=fs.retry_timeout, ids=self.ids
-        )
-        routing = self.routing = RoutingCache(self.meta.routing)
-        self.pool = wire.ConnectionPool(
-            connect_timeout=fs.connect_timeout,
-            io_timeout=fs.io_timeout,
-            max_per_address=fs.max_connections,
-            # the servers the metaserver counts as up now (asked while a transfer stalls)
-            live=lambda: live_addresses(routing.refresh(routing.get()).targets.values()),
-            stall_check=fs.stall_check,
-        )
-        self.data = DataClient(
-            self.routing,
-            self.ids,
-            self.pool,
-            read_timeout=fs.read_timeout,
-            write_timeout=fs.write_timeout,
-        )
-        self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
-        # readahead block buffers, reused so a long read does not fault in fresh memory
-        self.blocks = BlockPool((fs.readahead_depth + 2) * fs.default_block_size)
-        # write-session lease renewal; its thread starts with the first open for write
-        self.leases = SessionLeases(self.meta.renew_sessions, fs.session_renew_interval)
-
-    def close(self) -> None:
-        if self.pid != os.getpid():
-            self.meta.abandon()
-            return
-        self.leases.stop()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.blocks.clear()
-        self.pool.close()
-        self.meta.close()
 
 
 class EmberFileSystem(AbstractFileSystem):
@@ -177,23 +114,11 @@ class EmberFileSystem(AbstractFileSystem):
     session_renew_interval = 60.0
     keep_memory = False
 
-    _OPTIONS = (
-        "readahead_depth",
-        "write_depth",
-        "max_workers",
-        "max_connections",
-        "default_block_size",
-        "connect_timeout",
-        "io_timeout",
-        "rpc_timeout",
-        "retry_timeout",
-        "read_timeout",
-        "write_timeout",
-        "stall_check",
-        "auto_mkdir",
-        "list_page",
-        "session_renew_interval",
-        "keep_memory",
+    # the keyword arguments of __init__ that set the attributes above
+    _OPTIONS = tuple(
+        "readahead_depth write_depth max_workers max_connections default_block_size"
+        " connect_timeout io_timeout rpc_timeout retry_timeout read_timeout write_timeout"
+        " stall_check auto_mkdir list_page session_renew_interval keep_memory".split()
     )
 
     def __init__(self, meta: str | None = None, **kwargs) -> None:
@@ -205,42 +130,21 @@ class EmberFileSystem(AbstractFileSystem):
         self.blocksize = self.default_block_size
         if self.keep_memory:
             keep_freed_memory()
-        self._rt: _Runtime | None = None
-        self._rt_lock = threading.Lock()
-        self._rt_lock_pid = os.getpid()
+        self._rt = ProcessRuntime(self)
+        # what EmberFile and the transfers of many files read, write and end sessions through
+        self.chunk_io = ChunkIO(self._rt)
+        self.sessions = WriteSessions(self._rt)
+        self._batch = BatchTransfer(self, self._rt)
         self._plan = threading.local()  # see _planned
 
     # per-process runtime ---------------------------------------------------------
-    def _runtime(self) -> _Runtime:
-        rt = self._rt
-        pid = os.getpid()
-        if rt is not None and rt.pid == pid:
-            return rt
-        if self._rt_lock_pid != pid:
-            # a lock inherited across fork may be held by a thread that does not exist here
-            self._rt_lock = threading.Lock()
-            self._rt_lock_pid = pid
-        with self._rt_lock:
-            rt = self._rt
-            if rt is None or rt.pid != pid:
-                if rt is not None:
-                    rt.close()  # in a child: only forgets the parent's objects
-                rt = self._rt = _Runtime(self)
-            return rt
-
     @property
     def _meta(self) -> MetaClient:
-        return self._runtime().meta
-
-    def _leases(self) -> SessionLeases:
-        return self._runtime().leases
+        return self._rt.get().meta
 
     def close(self) -> None:
         """Release connections and threads (the instance stays usable)."""
-        with self._rt_lock:
-            rt, self._rt = self._rt, None
-        if rt is not None:
-            rt.close()
+        self._rt.close()
 
     @property
     def fsid(self) -> str:
@@ -274,31 +178,9 @@ class EmberFileSystem(AbstractFileSystem):
         return f"emberfs://{self.meta}{self._strip_protocol(name)}"
 
     # attributes ------------------------------------------------------------------
-    def _attr_info(self, path: str, attr: common_pb2.InodeAttr) -> dict:
-        kind, fmt = _TYPES.get(attr.type, ("other", 0))
-        info = {
-            "name": path,
-            "size": attr.size if kind == "file" else 0,
-            "type": kind,
-            "mode": fmt | (attr.mode & 0o7777),
-            "uid": attr.uid,
-            "gid": attr.gid,
-            "mtime": attr.mtime_ns / 1e9,
-            "ctime": attr.ctime_ns / 1e9,
-            "created": attr.crtime_ns / 1e9,
-            "ino": attr.inode,
-            "nlink": attr.nlink,
-            "islink": kind == "link",
-        }
-        if kind == "link":
-            info["destination"] = attr.symlink_target
-        if kind == "file" and attr.HasField("layout"):
-            info["chunk_size"] = attr.layout.chunk_size
-        return info
-
     def info(self, path, **kwargs) -> dict:
         path = self._strip_protocol(path)
-        return self._attr_info(path, self._meta.stat(path, follow=True))
+        return attr_info(path, self._meta.stat(path, follow=True))
 
     def ls(self, path, detail: bool = True, **kwargs):
         path = self._strip_protocol(path)
@@ -310,7 +192,7 @@ class EmberFileSystem(AbstractFileSystem):
                 raise
             return [info] if detail else [path]
         base = "" if path == "/" else path
-        out = [self._attr_info(f"{base}/{e.name}", e.attr) for e in entries]
+        out = [attr_info(f"{base}/{e.name}", e.attr) for e in entries]
         return out if detail else [o["name"] for o in out]
 
     def exists(self, path, **kwargs) -> bool:
@@ -364,7 +246,7 @@ class EmberFileSystem(AbstractFileSystem):
         """Remove a file or symlink (IsADirectoryError for a directory)."""
         path = self._strip_protocol(path)
         if self._meta.stat(path, follow=False).type == common_pb2.DIRECTORY:
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            raise is_a_directory(path)
         self._meta.remove(path)
 
     _rm = rm_file
@@ -422,25 +304,8 @@ class EmberFileSystem(AbstractFileSystem):
             self._meta.mkdir(self._parent(path), parents=True)
             resp = self._meta.open(path, flags)
         if resp.attr.type == common_pb2.DIRECTORY:
-            raise _is_a_directory(path)
+            raise is_a_directory(path)
         return OpenHandle.from_open(path, resp)
-
-    def _read_handles(self, paths: list[str]) -> dict[str, OpenHandle | OSError]:
-        """Read-only handles of (stripped) ``paths``: each a handle, or the error of its open.
-
-        All of them come from one ``BatchOpen`` round trip per
-        :data:`~emberfs.client.meta.BATCH_OPEN` distinct paths.
-        """
-        unique = list(dict.fromkeys(paths))
-        out: dict[str, OpenHandle | OSError] = {}
-        for path, got in zip(unique, self._meta.batch_open(unique), strict=True):
-            if isinstance(got, OSError):
-                out[path] = got
-            elif got.type == common_pb2.DIRECTORY:
-                out[path] = _is_a_directory(path)
-            else:
-                out[path] = OpenHandle.for_read(path, got)
-        return out
 
     def _open(
         self,
@@ -488,95 +353,12 @@ class EmberFileSystem(AbstractFileSystem):
         self._meta.truncate(self._strip_protocol(path), int(length))
         self.invalidate_cache(self._parent(self._strip_protocol(path)))
 
-    # data path -----------------------------------------------------------------------
-    def _submit_into(self, h: OpenHandle, start: int, view: memoryview) -> list[Future]:
-        """Start parallel chunk reads filling ``view`` with the file bytes at ``start``."""
-        rt = self._runtime()
-        return [
-            rt.executor.submit(rt.data.read_chunk, *r) for r in self._chunk_reads(h, start, view)
-        ]
-
-    @staticmethod
-    def _chunk_reads(h: OpenHandle, start: int, view: memoryview):
-        """``read_chunk`` arguments filling ``view`` with the file bytes at ``start``, per chunk."""
-        for s in chunk_spans(start, len(view), h.chunk_size):
-            lo = s.file_offset - start
-            piece = view[lo : lo + s.length]
-            yield chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, piece
-
-    def _submit_block(self, h: OpenHandle, start: int, end: int) -> Future:
-        """A future of a bytearray with the file bytes [start, end) (one task).
-
-        The buffer comes from the runtime's :class:`BlockPool`;
-        :meth:`_release_block` gives it back.
-        """
-        rt = self._runtime()
-
-        def fetch() -> bytearray:
-            buf = rt.blocks.get(end - start)
-            for r in self._chunk_reads(h, start, memoryview(buf)):
-                rt.data.read_chunk(*r)
-            return buf
-
-        return rt.executor.submit(fetch)
-
-    def _start_block(self, h: OpenHandle, start: int, end: int):
-        """Send the read of file bytes [start, end) now (one chunk); see ``DataClient.start_read``.
-
-        None when the range spans chunks or no replica has a free connection.
-        """
-        spans = chunk_spans(start, end - start, h.chunk_size)
-        if len(spans) != 1:
-            return None
-        s = spans[0]
-        rt = self._runtime()
-        return rt.data.start_read(
-            chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, s.length
-        )
-
-    def _release_block(self, buf) -> None:
-        """Take back a block buffer of :meth:`_submit_block` that nobody uses any more."""
-        rt = self._rt
-        if rt is not None and rt.pid == os.getpid():
-            rt.blocks.put(buf)
-
-    def _submit_write(self, h: OpenHandle, offset: int, data) -> Future:
-        """Start a write of ``data`` at file ``offset`` (within one chunk)."""
-        rt = self._runtime()
-        index, inner = divmod(offset, h.chunk_size)
-        return rt.executor.submit(
-            rt.data.write_chunk,
-            chunk_chain(h.chains, index),
-            h.inode,
-            index,
-            inner,
-            data,
-            h.chunk_size,
-        )
-
-    @staticmethod
-    def _range(size: int, start, end) -> tuple[int, int]:
-        start = 0 if start is None else start
-        end = size if end is None else end
-        if start < 0:
-            start = max(0, size + start)
-        if end < 0:
-            end = max(0, size + end)
-        return min(start, size), max(min(end, size), min(start, size))
-
-    def _read_range(self, h: OpenHandle, start, end) -> bytes:
-        start, end = self._range(h.size, start, end)
-        if end <= start:
-            return b""
-        buf, view = result_buffer(end - start)
-        wait_all(self._submit_into(h, start, view))
-        return as_bytes(buf)
-
+    # reading and writing -------------------------------------------------------------
     def cat_file(self, path, start=None, end=None, **kwargs) -> bytes:
         """The bytes of ``path`` (all its chunks fetched in parallel into one buffer)."""
         path = self._strip_protocol(path)
         h = self._open_handle(path, meta_pb2.OPEN_READ)
-        return self._read_range(h, start, end)
+        return self.chunk_io.read_range(h, start, end)
 
     def cat(self, path, recursive=False, on_error="raise", **kwargs):
         """The bytes of one path, or ``{path: bytes}`` of many, all fetched concurrently.
@@ -596,66 +378,12 @@ class EmberFileSystem(AbstractFileSystem):
             and paths[0] == self._strip_protocol(path)
         ):
             return self.cat_file(paths[0], **kwargs)
-        n = len(paths)  # expand_path gave them stripped
-        got_all = self._fetch_ranges(paths, [kwargs.get("start")] * n, [kwargs.get("end")] * n)
-        out = {}
-        for p, got in zip(paths, got_all, strict=True):
-            if not isinstance(got, Exception):
-                out[p] = got
-            elif on_error == "raise":
-                raise got
-            elif on_error == "return":
-                out[p] = got
-        return out
+        # expand_path gave them stripped
+        return self._batch.cat(paths, kwargs.get("start"), kwargs.get("end"), on_error)
 
     def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs) -> list:
         """Byte ranges of files, all fetched concurrently (one ``BatchOpen`` for the files)."""
-        if not isinstance(starts, list):
-            starts = [starts] * len(paths)
-        if not isinstance(ends, list):
-            ends = [ends] * len(paths)
-        if len(starts) != len(paths) or len(ends) != len(paths):
-            raise ValueError("paths, starts and ends must have the same length")
-        stripped = [self._strip_protocol(p) for p in paths]
-        return self._fetch_ranges(stripped, starts, ends, on_error)
-
-    def _fetch_ranges(self, stripped: list[str], starts, ends, on_error="return") -> list:
-        """:meth:`cat_ranges` of paths already stripped, with one start and end per path."""
-        handles = self._read_handles(stripped)
-        if on_error != "return":
-            for p in stripped:
-                if isinstance(handles[p], OSError):
-                    raise handles[p]  # before any read starts
-        jobs = self._start_reads([handles[p] for p in stripped], starts, ends)
-        out = []
-        for err, buf, futures in jobs:
-            if err is not None:
-                out.append(err)
-                continue
-            try:
-                wait_all(futures)
-                out.append(as_bytes(buf))
-            except Exception as exc:
-                if on_error != "return":
-                    raise
-                out.append(exc)
-        return out
-
-    def _start_reads(self, handles, starts, ends) -> list:
-        """Start reading a range of each handle: ``(error, buffer, futures)`` per handle.
-
-        A handle that is an error (its open failed) gives ``(error, None, [])``;
-        the others a :class:`ResultBuffer` that their futures fill.
-        """
-        jobs = []
-        for h, s, e in zip(handles, starts, ends, strict=True):
-            if isinstance(h, OSError):
-                jobs.append((h, None, []))
-                continue
-            lo, hi = self._range(h.size, s, e)
-            buf, view = result_buffer(hi - lo)
-            jobs.append((None, buf, self._submit_into(h, lo, view) if hi > lo else []))
-        return jobs
+        return self._batch.cat_ranges(paths, starts, ends, on_error)
 
     def pipe_file(self, path, value, mode: str = "overwrite", **kwargs) -> None:
         """Write ``value`` as the whole file; ``mode="create"`` refuses an existing path."""
@@ -675,174 +403,24 @@ class EmberFileSystem(AbstractFileSystem):
         if isinstance(path, str):
             self.pipe_file(self._strip_protocol(path), value, mode=mode, **kwargs)
             return
-        if not isinstance(path, dict):
-            raise ValueError("path must be str or dict")
-        # one write per file: of keys naming the same file the last wins, as in a loop
-        items = {self._strip_protocol(k): v for k, v in path.items()}
-        if len(items) <= 1:
-            for k, v in items.items():
-                self.pipe_file(k, v, mode=mode, **kwargs)
-            return
-        failed = self._write_files(items, exclusive=mode == "create")
-        for k in items:
-            if k in failed:
-                raise failed[k]
+        self._batch.pipe(path, mode, **kwargs)
 
-    def _write_handles(self, paths: list[str], flags: int) -> dict[str, OpenHandle | OSError]:
-        """Write opens of (stripped) ``paths`` with ``flags``: each a handle or its open's error.
-
-        One ``BatchWriteOpen`` round trip per 1000 paths; with ``auto_mkdir``
-        the missing parents of paths that failed with ENOENT are made, and
-        those paths opened again in one more call.
-        """
-        got: dict[str, meta_pb2.OpenResponse | OSError] = dict(
-            zip(paths, self._meta.batch_write_open(paths, flags), strict=True)
-        )
-        missing = [p for p, g in got.items() if isinstance(g, FileNotFoundError)]
-        if missing and self.auto_mkdir:
-            retry = []
-            made: dict[str, OSError | None] = {}
-            for p in missing:
-                parent = self._parent(p)
-                if parent not in made:
-                    try:
-                        self._meta.mkdir(parent, parents=True)
-                        made[parent] = None
-                    except OSError as exc:
-                        made[parent] = exc
-                if made[parent] is None:
-                    retry.append(p)
-                else:
-                    got[p] = made[parent]  # what a single open would raise
-            if retry:
-                got.update(zip(retry, self._meta.batch_write_open(retry, flags), strict=True))
-        return {
-            p: g if isinstance(g, OSError) else OpenHandle.from_open(p, g) for p, g in got.items()
-        }
-
-    def _write_files(self, items: dict, exclusive: bool = False) -> dict[str, OSError]:
-        """Write whole files ``{stripped path: bytes-like}``, all at once; the failures by path.
-
-        One ``BatchWriteOpen`` (per 1000), every chunk of every file on the
-        runtime's executor together, then one ``BatchClose`` with the exact
-        lengths (a file whose writes failed keeps the length it was opened
-        with, as :meth:`EmberFile.close` leaves it). Every file is attempted.
-        """
-        flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
-        flags |= meta_pb2.OPEN_EXCLUSIVE if exclusive else meta_pb2.OPEN_TRUNCATE
-        datas = {p: v if isinstance(v, bytes) else bytes(v) for p, v in items.items()}
-        handles = self._write_handles(list(datas), flags)
-        failed: dict[str, BaseException] = {
-            p: h for p, h in handles.items() if isinstance(h, OSError)
-        }
-        opened = {p: h for p, h in handles.items() if not isinstance(h, OSError)}
-        leases = self._leases()
-        try:
-            writes = {}
-            for p, h in opened.items():
-                leases.register(h)
-                view = memoryview(datas[p])
-                writes[p] = [
-                    self._submit_write(
-                        h, s.file_offset, view[s.file_offset : s.file_offset + s.length]
-                    )
-                    for s in chunk_spans(0, len(view), h.chunk_size)
-                ]
-            closing = []
-            for p, h in opened.items():
-                try:
-                    wait_all(writes[p])
-                except BaseException as exc:
-                    failed[p] = exc
-                if h.expired:
-                    failed.setdefault(p, stale_session(p))
-                    continue
-                closing.append((p, h))
-            ended = self._meta.batch_close(
-                [(h.inode, h.session_id, len(datas[p]), p not in failed) for p, h in closing],
-                [p for p, _ in closing],
-            )
-            for (p, h), got in zip(closing, ended, strict=True):
-                if isinstance(got, OSError):
-                    stale = got.errno == errno.EINVAL  # Close finds no such session
-                    failed.setdefault(p, stale_session(p) if stale else got)
-                else:
-                    h.attr = got
-        finally:
-            for h in opened.values():
-                leases.unregister(h)
-        return {p: _as_oserror(error, f"writing {p}") for p, error in failed.items()}
-
-    def _copy_stream(self, f1, f2, callback=None, size: int | None = None) -> None:
-        size = getattr(f1, "size", None) if size is None else size
-        if callback is not None and size is not None:
-            callback.set_size(size)
-        unit = max(self.default_block_size, getattr(f1, "blocksize", 0) or 0)
-        while True:
-            data = f1.read(unit)
-            if not data:
-                break
-            f2.write(data)
-            if callback is not None:
-                callback.relative_update(len(data))
-
+    # copying, uploading, downloading ----------------------------------------------
     def cp_file(self, path1, path2, **kwargs) -> None:
         """Copy a file by streaming its chunks (reads ahead while writing)."""
-        if self._planning(path1, path2):
-            return
-        path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
-        if self.isdir(path1):
-            self.makedirs(path2, exist_ok=True)
-            return
-        with self.open(path1, "rb") as f1, self.open(path2, "wb") as f2:
-            self._copy_stream(f1, f2)
+        if not self._planning(path1, path2):
+            self._batch.copy_file(self._strip_protocol(path1), self._strip_protocol(path2))
 
     def put_file(self, lpath, rpath, callback=None, mode: str = "overwrite", **kwargs) -> None:
         """Upload one local file (or make the directory for a local directory)."""
-        if self._planning(lpath, rpath):
-            return
-        rpath = self._strip_protocol(rpath)
-        if os.path.isdir(lpath):
-            self.makedirs(rpath, exist_ok=True)
-            return
-        with open(lpath, "rb") as f1:
-            size = os.fstat(f1.fileno()).st_size
-            with self.open(rpath, "xb" if mode == "create" else "wb") as f2:
-                self._copy_stream(f1, f2, callback, size)
+        if not self._planning(lpath, rpath):
+            self._batch.put_file(lpath, self._strip_protocol(rpath), callback, mode)
 
     def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs) -> None:
         """Download one file (or make the local directory for a directory)."""
-        if outfile is None and self._planning(rpath, lpath):
-            return
-        rpath = self._strip_protocol(rpath)
-        if outfile is None and self.isdir(rpath):
-            os.makedirs(lpath, exist_ok=True)
-            return
-        with self.open(rpath, "rb") as f1:
-            self._download(f1, lpath, callback, outfile)
+        if outfile is not None or not self._planning(rpath, lpath):
+            self._batch.get_file(self._strip_protocol(rpath), lpath, callback, outfile)
 
-    def _download(self, f1: EmberFile, lpath, callback=None, outfile=None) -> None:
-        """Copy the open remote file ``f1`` to the local ``lpath`` (or into ``outfile``)."""
-        if callback is not None:
-            callback.set_size(f1.size)
-        close = outfile is None
-        if close:
-            outfile = _open_local(lpath)
-        try:
-            buf = bytearray(min(max(f1.size, 1), max(self.default_block_size, f1.blocksize)))
-            view = memoryview(buf)
-            while True:
-                n = f1.readinto(view)
-                if not n:
-                    break
-                outfile.write(view[:n])
-                if callback is not None:
-                    callback.relative_update(n)
-        finally:
-            if close:
-                outfile.close()
-
-    # many files at once ----------------------------------------------------------
     def _planned(self, method: str, *args, **kwargs) -> list[tuple[str, str]]:
         """The (source, destination) pairs fsspec's ``get``, ``put`` or ``copy`` moves one by one.
 
@@ -881,75 +459,7 @@ class EmberFileSystem(AbstractFileSystem):
         ``callback`` counts the paths done.
         """
         pairs = self._planned("get", rpath, lpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
-        if not pairs:
-            return
-        callback.set_size(len(pairs))
-        stripped = [self._strip_protocol(r) for r, _ in pairs]
-        handles = self._read_handles(stripped)
-        failed, small, big = self._split_sources(
-            [handles[p] for p in stripped], lambda i: os.makedirs(pairs[i][1], exist_ok=True)
-        )
-        callback.relative_update(len(pairs) - len(small) - len(big))  # directories, failures
-        for group in self._fetch_groups(small):
-            for i, got in group:
-                (r, local), size = pairs[i], handles[stripped[i]].size
-                try:
-                    if isinstance(got, OSError):
-                        raise got
-                    _write_local(local, got.view)
-                    _moved(callback, r, local, size)
-                except OSError as exc:
-                    failed[i] = exc
-                callback.relative_update(1)
-        for i, h in big:
-            r, local = pairs[i]
-            try:  # through the handle opened above: no second open
-                with callback.branched(r, local) as child, EmberFile(self, h.path, handle=h) as f1:
-                    self._download(f1, local, callback=child)
-            except Exception as exc:
-                failed[i] = _as_oserror(exc, f"reading {stripped[i]}")
-            callback.relative_update(1)
-        if failed:
-            raise failed[min(failed)]
-
-    def _split_sources(self, handles: list, make_dir) -> tuple[dict[int, OSError], list, list]:
-        """Sort the opened sources of a ``get`` or ``copy`` by what moving each one takes.
-
-        A directory's destination is made (``make_dir(i)``). Returns
-        ``(failed, small, big)``: the failures by index, and ``(i, handle)``
-        of the files of at most ``default_block_size`` bytes and of the larger ones.
-        """
-        failed: dict[int, OSError] = {}
-        small, big = [], []
-        for i, h in enumerate(handles):
-            if isinstance(h, IsADirectoryError):
-                try:
-                    make_dir(i)
-                except OSError as exc:
-                    failed[i] = exc
-            elif isinstance(h, OSError):
-                failed[i] = h
-            else:
-                (small if h.size <= self.default_block_size else big).append((i, h))
-        return failed, small, big
-
-    def _fetch_groups(self, small: list) -> Iterator[list]:
-        """The whole contents of small files, in groups fetched all at once.
-
-        ``small`` holds ``(i, handle)`` pairs; per group (:func:`_groups`)
-        this yields ``(i, ResultBuffer or OSError)`` for each of them.
-        """
-        for group in _groups(small, lambda item: item[1].size):
-            n = len(group)
-            jobs = self._start_reads([h for _, h in group], [None] * n, [None] * n)
-            out = []
-            for (i, h), (_, buf, futures) in zip(group, jobs, strict=True):
-                try:
-                    wait_all(futures)
-                    out.append((i, buf))
-                except Exception as exc:
-                    out.append((i, _as_oserror(exc, f"reading {h.path}")))
-            yield out
+        self._batch.get(pairs, callback)
 
     def copy(self, path1, path2, recursive=False, maxdepth=None, on_error=None, **kwargs):
         """Copy files within EmberFS with fsspec's path rules, many of them together.
@@ -966,40 +476,8 @@ class EmberFileSystem(AbstractFileSystem):
         """
         if on_error is None:
             on_error = "ignore" if recursive else "raise"
-        pairs = self._planned(
-            "copy",
-            path1,
-            path2,
-            recursive=recursive,
-            maxdepth=maxdepth,
-            on_error=on_error,
-            **kwargs,
-        )
-        sources = [self._strip_protocol(a) for a, _ in pairs]
-        targets = [self._strip_protocol(b) for _, b in pairs]
-        handles = self._read_handles(sources) if pairs else {}
-        failed, small, big = self._split_sources(
-            [handles[p] for p in sources], lambda i: self.makedirs(targets[i], exist_ok=True)
-        )
-        for group in self._fetch_groups(small):
-            values, index = {}, {}
-            for i, got in group:
-                if isinstance(got, OSError):
-                    failed[i] = got
-                else:
-                    values[targets[i]] = as_bytes(got)
-                    index[targets[i]] = i
-            for dst, error in self._write_files(values).items():
-                failed[index[dst]] = error
-        for i, h in big:
-            try:
-                with EmberFile(self, h.path, handle=h) as f1, self.open(targets[i], "wb") as f2:
-                    self._copy_stream(f1, f2)
-            except Exception as exc:
-                failed[i] = _as_oserror(exc, f"copying {sources[i]} to {targets[i]}")
-        for i in sorted(failed):
-            if on_error == "raise" or not isinstance(failed[i], FileNotFoundError):
-                raise failed[i]
+        kwargs.update(recursive=recursive, maxdepth=maxdepth, on_error=on_error)
+        self._batch.copy(self._planned("copy", path1, path2, **kwargs), on_error)
 
     def put(
         self, lpath, rpath, recursive=False, callback=DEFAULT_CALLBACK, maxdepth=None, **kwargs
@@ -1015,94 +493,4 @@ class EmberFileSystem(AbstractFileSystem):
         fsspec's order is raised. ``callback`` counts the paths done.
         """
         pairs = self._planned("put", lpath, rpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
-        if not pairs:
-            return
-        callback.set_size(len(pairs))
-        mode = kwargs.get("mode", "overwrite")
-        failed: dict[int, OSError] = {}
-        small, big = [], []
-        for i, (local, r) in enumerate(pairs):
-            r = self._strip_protocol(r)
-            try:
-                if os.path.isdir(local):
-                    self.makedirs(r, exist_ok=True)
-                else:
-                    size = os.path.getsize(local)
-                    (small if size <= self.default_block_size else big).append((i, local, r, size))
-                    continue
-            except OSError as exc:
-                failed[i] = exc
-            callback.relative_update(1)
-        for group in _groups(small, lambda item: item[3]):
-            values, index = {}, {}
-            for i, local, r, _ in group:
-                try:
-                    with open(local, "rb") as f:
-                        values[r] = f.read()
-                    index[r] = i
-                except OSError as exc:
-                    failed[i] = exc
-            for r, error in self._write_files(values, exclusive=mode == "create").items():
-                failed[index[r]] = error
-            for i, local, r, size in group:
-                if i not in failed:
-                    _moved(callback, local, r, size)
-                callback.relative_update(1)
-        for i, local, r, _ in big:
-            try:
-                with callback.branched(local, r) as child:
-                    self.put_file(local, r, callback=child, mode=mode)
-            except Exception as exc:
-                failed[i] = _as_oserror(exc, f"writing {r}")
-            callback.relative_update(1)
-        if failed:
-            raise failed[min(failed)]
-
-
-#: ``get``, ``put`` and ``copy`` move small files in groups of at most this many bytes
-GROUP_BYTES = 64 * 1024 * 1024
-
-
-def _groups(items: list, size_of) -> Iterator[list]:
-    """``items`` in groups of at most :data:`BATCH_OPEN` items and :data:`GROUP_BYTES` bytes."""
-    group: list = []
-    total = 0
-    for item in items:
-        n = size_of(item)
-        if group and (len(group) >= BATCH_OPEN or total + n > GROUP_BYTES):
-            yield group
-            group, total = [], 0
-        group.append(item)
-        total += n
-    if group:
-        yield group
-
-
-def _moved(callback, src, dst, nbytes: int) -> None:
-    """Report a file moved in a group as fsspec's per-file loop would: its bytes to its branch."""
-    with callback.branched(src, dst) as child:
-        child.set_size(nbytes)
-        child.relative_update(nbytes)
-
-
-def _open_local(path):
-    """The local file ``path`` opened for writing, its parent directories made first."""
-    parent = os.path.dirname(os.fspath(path))
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    return open(path, "wb")  # noqa: SIM115 - the caller closes it
-
-
-def _write_local(path, data) -> None:
-    """Write ``data`` as the local file ``path``, making its parent directories."""
-    with _open_local(path) as f:
-        f.write(data)
-
-
-def _as_oserror(error: BaseException, doing: str) -> OSError:
-    """``error`` itself when it is an OSError, else an EIO naming what failed."""
-    if isinstance(error, OSError):
-        return error
-    wrapped = OSError(errno.EIO, f"{doing} failed: {error}")
-    wrapped.__cause__ = error
-    return wrapped
+        self._batch.put(pairs, callback, kwargs.get("mode", "overwrite"))

@@ -1,123 +1,34 @@
-"""The client's control plane: gRPC stubs for the metaserver, request contexts, retries.
+"""The client's control plane: gRPC stubs for the metaserver and request contexts.
 
 :class:`MetaClient` owns one gRPC channel to the metaserver (``MetaService``
 and ``ClusterService`` share it). The channel is created lazily and belongs to
 the process that created it: after ``os.fork`` the child builds its own
 (gRPC channels are not fork-safe) and gets a fresh client id, so request ids
 of parent and child never collide in the metaserver's idempotency table.
-
-:func:`retry` is the one retry helper of the client: the errors it retries are
-listed in :data:`RETRYABLE_CODES` (gRPC) and :class:`TransientError` (data
-path); the backoff doubles up to a cap until a total deadline passes.
+Every call goes through :func:`emberfs.client.retry.retry` and carries the
+request ids of :class:`~emberfs.client.retry.RequestIds`.
 """
 
 from __future__ import annotations
 
 import errno
-import itertools
 import os
-import random
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterator, Sequence
 
 import grpc
 
+from emberfs.client.retry import RequestIds, retry
 from emberfs.common import errors
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2, meta_pb2, meta_pb2_grpc
-
-T = TypeVar("T")
 
 #: Paths (or sessions) per ``BatchOpen``, ``BatchWriteOpen``, ``BatchClose`` or
 #: ``BatchRemove`` call (the metaserver takes up to 10000).
 BATCH_OPEN = 1000
 
-# gRPC status codes worth retrying: the server is not reachable now, or timed out.
-RETRYABLE_CODES: tuple[grpc.StatusCode, ...] = tuple(errors.RETRYABLE_CODES)
-
 # Channels of a parent process, kept referenced in a forked child so their
 # finalisers never run there (closing a channel inherited across fork is unsafe).
 _INHERITED: list[object] = []
-
-
-class TransientError(Exception):
-    """A data-path failure that a retry (after a routing refresh) may cure."""
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Whether :func:`retry` retries ``exc``."""
-    if isinstance(exc, TransientError):
-        return True
-    return isinstance(exc, grpc.RpcError) and exc.code() in RETRYABLE_CODES
-
-
-def retry(
-    fn: Callable[[], T],
-    *,
-    timeout: float,
-    attempts: int | None = None,
-    backoff: float = 0.05,
-    max_backoff: float = 1.0,
-    on_retry: Callable[[BaseException], None] | None = None,
-) -> T:
-    """Call ``fn`` until it succeeds, a non-retryable error occurs, or time runs out.
-
-    Parameters
-    ----------
-    fn : callable
-        Called with no argument. It must be idempotent (retried requests carry
-        the same request id).
-    timeout : float
-        Total seconds after which the last retryable error is raised.
-    attempts : int or None, default None
-        Upper bound on calls; None means only ``timeout`` bounds them.
-    backoff : float, default 0.05
-        First sleep between attempts; doubled each time (with jitter).
-    max_backoff : float, default 1.0
-        Cap of the sleep.
-    on_retry : callable or None
-        Called with the error before each sleep (e.g. to refresh routing).
-
-    Returns
-    -------
-    The result of ``fn``.
-    """
-    deadline = time.monotonic() + timeout
-    delay = backoff
-    n = 0
-    while True:
-        n += 1
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_retryable(exc):
-                raise
-            left = deadline - time.monotonic()
-            if left <= 0 or (attempts is not None and n >= attempts):
-                raise
-            if on_retry is not None:
-                on_retry(exc)
-            time.sleep(min(delay * (0.5 + random.random()), left, max_backoff))
-            delay = min(delay * 2, max_backoff)
-
-
-class RequestIds:
-    """A client id (uuid4 hex) and increasing request ids, thread-safe."""
-
-    def __init__(self) -> None:
-        self.client_id = uuid.uuid4().hex
-        self._counter = itertools.count(1)
-        self._lock = threading.Lock()
-
-    def next(self, n: int = 1) -> int:
-        """The first of ``n`` consecutive unused request ids."""
-        with self._lock:
-            first = next(self._counter)
-            if n > 1:
-                self._counter = itertools.count(first + n)
-            return first
 
 
 class MetaClient:

@@ -11,33 +11,48 @@
 * :meth:`ReadaheadCache.readinto` fetches the blocks not already in flight
   straight into the caller's buffer.
 
-Block buffers that were read come back to a :class:`BlockPool` through the
-cache's ``release`` callback, so a long sequential read keeps reusing a few
-buffers whose pages are already mapped instead of faulting in fresh memory
-for every block.
+The cache reads through a :class:`BlockReader` bound to one open file
+(:class:`~emberfs.client.chunkio.HandleReader`). Block buffers that were read
+go back to it (:meth:`BlockReader.release`), so a long sequential read keeps
+reusing a few buffers whose pages are already mapped
+(:class:`~emberfs.client.buffers.BlockPool`) instead of faulting in fresh
+memory for every block.
 
 A ``readinto`` stream of reads of at least a block each reads ahead without
-buffers when the cache has a ``start`` callback: the request for a coming
-block is sent at once and its answer waits in the connection's socket buffers
-until the ``readinto`` call that wants the block receives it straight into the
-caller's buffer (:class:`_SentBlock`). The data then crosses memory once, as in a plain
-socket read, instead of landing in a block buffer and being copied again.
+buffers where the reader can send a read ahead (:meth:`BlockReader.start_block`):
+the request for a coming block is sent at once and its answer waits in the
+connection's socket buffers until the ``readinto`` call that wants the block
+receives it straight into the caller's buffer (:class:`_SentBlock`). The data
+then crosses memory once, as in a plain socket read, instead of landing in a
+block buffer and being copied again.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future, wait
+from typing import Protocol
 
 from fsspec.caching import BaseCache, register_cache
 
-# submit(start, end) -> Future of a buffer holding the file bytes [start, end)
-BlockSubmitter = Callable[[int, int], Future]
-# submit_into(start, view) -> futures that fill view with the bytes at start..
-IntoSubmitter = Callable[[int, memoryview], list[Future]]
-# start(start, end) -> a sent read (finish_into(view) -> bool, cancel()) or None
-Starter = Callable[[int, int], object]
+
+class BlockReader(Protocol):
+    """What the cache reads a file through."""
+
+    def submit_into(self, start: int, view: memoryview) -> list[Future]:
+        """Futures that fill ``view`` with the file bytes at ``start``."""
+
+    def submit_block(self, start: int, end: int) -> Future:
+        """A future of a buffer holding the file bytes [start, end)."""
+
+    def start_block(self, start: int, end: int):
+        """The read of [start, end) sent and left unreceived, or None.
+
+        What it returns has ``finish_into(view) -> bool`` (False: fetch the
+        block instead) and ``cancel()``.
+        """
+
+    def release(self, buf) -> None:
+        """Take back the buffer of a block the cache is done with."""
 
 
 class _SentBlock:
@@ -50,13 +65,13 @@ class _SentBlock:
     falls back to the usual parallel fetch, which retries other replicas.
     """
 
-    __slots__ = ("pending", "start", "end", "_submit_into", "_buf")
+    __slots__ = ("pending", "start", "end", "_reader", "_buf")
 
-    def __init__(self, pending, start: int, end: int, submit_into: IntoSubmitter) -> None:
+    def __init__(self, pending, start: int, end: int, reader: BlockReader) -> None:
         self.pending = pending
         self.start = start
         self.end = end
-        self._submit_into = submit_into
+        self._reader = reader
         self._buf: bytearray | None = None
 
     @property
@@ -68,7 +83,7 @@ class _SentBlock:
         pending, self.pending = self.pending, None
         if pending is not None and pending.finish_into(view):
             return
-        futures = self._submit_into(self.start, view)
+        futures = self._reader.submit_into(self.start, view)
         wait(futures)
         for fut in futures:
             fut.result()
@@ -95,49 +110,8 @@ class _SentBlock:
         return None
 
 
-class BlockPool:
-    """Spare block buffers, reused by size, at most ``max_bytes`` of them kept.
-
-    Parameters
-    ----------
-    max_bytes : int
-        Total size of the buffers kept for reuse; beyond it released buffers
-        are left to the garbage collector.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max(0, max_bytes)
-        self._free: dict[int, list[bytearray]] = {}
-        self._kept = 0
-        self._lock = threading.Lock()
-
-    def get(self, n: int) -> bytearray:
-        """A bytearray of ``n`` bytes (old content: the caller overwrites all of it)."""
-        with self._lock:
-            free = self._free.get(n)
-            if free:
-                self._kept -= n
-                return free.pop()
-        return bytearray(n)
-
-    def put(self, buf) -> None:
-        """Give back a buffer nobody reads or writes any more."""
-        if not isinstance(buf, bytearray):
-            return
-        n = len(buf)
-        with self._lock:
-            if n and self._kept + n <= self.max_bytes:
-                self._free.setdefault(n, []).append(buf)
-                self._kept += n
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-            self._kept = 0
-
-
 class ReadaheadCache(BaseCache):
-    """Adaptive readahead over fixed blocks, fed by asynchronous fetchers.
+    """Adaptive readahead over fixed blocks, fed by an asynchronous reader.
 
     Parameters
     ----------
@@ -147,20 +121,15 @@ class ReadaheadCache(BaseCache):
         ``fetcher(start, end) -> bytes``, used for random reads.
     size : int
         File size.
-    submit : callable or None
-        ``submit(start, end) -> Future`` of a buffer; without it reads are
-        synchronous and nothing is read ahead.
-    submit_into : callable or None
-        ``submit_into(start, view) -> list[Future]`` filling ``view``; used by
-        :meth:`readinto` for ranges not in flight.
+    reader : BlockReader or None
+        Fetches blocks ahead (``submit_block``), fills ranges not in flight
+        straight into the caller's buffer for :meth:`readinto`
+        (``submit_into``), sends the reads of coming blocks for ``readinto``
+        streams (``start_block``) and takes back the buffers of blocks the
+        cache is done with (``release``). Without it reads are synchronous
+        through ``fetcher`` and nothing is read ahead.
     depth : int, default 8
         Most blocks fetched ahead of the reader.
-    release : callable or None
-        ``release(buffer)`` takes back the buffer of a block once the cache
-        is done with it (see :class:`BlockPool`).
-    start : callable or None
-        ``start(start, end)`` sends the read of a block and returns it
-        unreceived (or None); ``readinto`` streams read ahead with it.
     """
 
     name = "emberfs"
@@ -171,18 +140,12 @@ class ReadaheadCache(BaseCache):
         fetcher,
         size: int,
         *,
-        submit: BlockSubmitter | None = None,
-        submit_into: IntoSubmitter | None = None,
+        reader: BlockReader | None = None,
         depth: int = 8,
-        release: Callable[[object], None] | None = None,
-        start: Starter | None = None,
     ) -> None:
         super().__init__(max(1, blocksize), fetcher, size)
-        self.release = release
-        self.start = start
-        self.submit = submit
-        self.submit_into = submit_into
-        self.depth = max(0, depth) if submit is not None else 0
+        self.reader = reader
+        self.depth = max(0, depth) if reader is not None else 0
         self._blocks: dict[int, Future] = {}
         self._last_start = -1
         self._last_end = -1
@@ -213,25 +176,25 @@ class ReadaheadCache(BaseCache):
         """Make sure blocks first..last are in flight (within the file).
 
         ``sent``: send the reads and leave their answers in the sockets
-        (:class:`_SentBlock`) where the ``start`` callback can.
+        (:class:`_SentBlock`) where the reader can.
         """
         last = min(last, (self.size - 1) // self.blocksize)
         for b in range(first, last + 1):
             if b in self._blocks:
                 continue
             lo, hi = self._block_range(b)
-            pending = self.start(lo, hi) if sent and self.start is not None else None
+            pending = self.reader.start_block(lo, hi) if sent else None
             if pending is not None:
-                self._blocks[b] = _SentBlock(pending, lo, hi, self.submit_into)
+                self._blocks[b] = _SentBlock(pending, lo, hi, self.reader)
             else:
-                self._blocks[b] = self.submit(lo, hi)
+                self._blocks[b] = self.reader.submit_block(lo, hi)
 
     def _forget(self, fut: Future) -> None:
-        """Cancel a block's fetch, or hand its finished buffer to ``release``."""
-        if fut.cancel() or self.release is None or not fut.done():
+        """Cancel a block's fetch, or give its finished buffer back to the reader."""
+        if fut.cancel() or not fut.done():
             return
         if fut.exception() is None:
-            self.release(fut.result())
+            self.reader.release(fut.result())
 
     def _trim(self, first: int) -> None:
         for b in [b for b in self._blocks if b < first]:
@@ -268,7 +231,7 @@ class ReadaheadCache(BaseCache):
             self.miss_count += 1
             self.total_requested_bytes += stop - start
             return bytes(self.fetcher(start, stop))
-        if sequential and self.submit is not None:
+        if sequential and self.reader is not None:
             self._prefetch(first, last + self._window())
         elif not cached:
             self.miss_count += 1
@@ -292,7 +255,7 @@ class ReadaheadCache(BaseCache):
         if start >= stop:
             return 0
         n = stop - start
-        if self.submit_into is None:
+        if self.reader is None:
             data = self._fetch(start, stop)
             out[: len(data)] = data
             return len(data)
@@ -313,9 +276,9 @@ class ReadaheadCache(BaseCache):
             run_end = b_end
             while run_end < stop and (run_end // bs) not in self._blocks:
                 run_end = min(stop, (run_end // bs + 1) * bs)
-            futures.extend(self.submit_into(pos, out[pos - start : run_end - start]))
+            futures.extend(self.reader.submit_into(pos, out[pos - start : run_end - start]))
             pos = run_end
-        if sequential and self.submit is not None:
+        if sequential and self.reader is not None:
             # Reads of a block or more take each coming block whole, straight from
             # its socket; smaller reads take pieces of it from a pooled buffer.
             self._prefetch(last + 1, last + self._window(), sent=n >= bs)

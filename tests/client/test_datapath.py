@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from emberfs.client.datapath import DataClient
-from emberfs.client.meta import RequestIds
+from emberfs.client.retry import RequestIds
 from emberfs.client.routing import RoutingCache
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
@@ -259,7 +259,7 @@ def test_an_answer_for_another_read_is_never_returned(make_client, wrong):
     _, client = make_client([ScriptedServer(other)])
     first, second = sent(client, range(2))
     assert finish(first) is None and finish(second) is None  # both fall back to fetches
-    assert not any(client._pending.values())
+    assert not any(client.lanes._pending.values())
 
 
 def test_unaligned_read_uses_skip(make_client):
@@ -375,7 +375,7 @@ def test_reads_sent_to_one_server_share_one_connection(one_server):
     for k, p in enumerate(pending):
         assert finish(p) == content[k * PIECE : (k + 1) * PIECE]
     assert server.connections == 1 and len(server.requests) == 4
-    assert pool_idle(client.pool) and not any(client._pending.values())
+    assert pool_idle(client.pool) and not any(client.lanes._pending.values())
     # the next reads reuse the same (idle) connection
     assert finish(sent(client, [3])[0]) == content[3 * PIECE :]
     assert server.connections == 1
@@ -389,7 +389,7 @@ def test_sent_reads_finished_out_of_order(one_server):
     assert finish(first) == content[:PIECE]
     assert finish(second) == content[PIECE : 2 * PIECE]
     assert server.connections == 1
-    assert pool_idle(client.pool) and not any(client._pending.values())
+    assert pool_idle(client.pool) and not any(client.lanes._pending.values())
 
 
 def test_cancelled_sent_reads_are_dropped_and_the_connection_kept(one_server):
@@ -408,7 +408,7 @@ def test_a_connection_whose_answers_nobody_wants_is_closed(one_server):
     content, server, client = one_server
     for p in sent(client, range(3)):
         p.cancel()
-    assert not any(client._pending.values())
+    assert not any(client.lanes._pending.values())
     with client.pool._cond:
         assert client.pool._open[server.address] == 0  # closed, not pooled with answers in it
     assert finish(sent(client, [0])[0]) == content[:PIECE]
@@ -431,7 +431,7 @@ def test_a_broken_connection_fails_its_sent_reads_and_they_are_fetched(make_clie
     assert finish(first) == content[:PIECE]
     assert finish(second) is None and finish(third) is None
     assert client.pool.is_bad(flaky.address)
-    assert not any(client._pending.values())
+    assert not any(client.lanes._pending.values())
     with client.pool._cond:
         assert client.pool._open[flaky.address] == 0
 
@@ -459,7 +459,7 @@ def test_sent_reads_from_two_threads_share_a_connection(one_server):
         t.join(30)
     assert not errors, errors
     assert len(results) == 4
-    assert pool_idle(client.pool) and not any(client._pending.values())
+    assert pool_idle(client.pool) and not any(client.lanes._pending.values())
 
 
 def test_a_kept_answer_is_verified_when_it_is_used(make_client):
@@ -490,4 +490,4 @@ def test_an_error_in_the_middle_of_an_answer_closes_the_connection(one_server):
         assert client.pool._open[server.address] == 0
     assert finish(second) is None  # its connection is gone: the caller fetches it instead
     assert read(client, PIECE, PIECE) == content[PIECE : 2 * PIECE]
-    assert not any(client._pending.values())
+    assert not any(client.lanes._pending.values())

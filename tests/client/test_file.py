@@ -186,7 +186,7 @@ def test_text_mode_and_bad_modes(fs, base):
 
 def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
     seen = []
-    real = fs._submit_write
+    real = fs.chunk_io.submit_write
 
     def tracking(h, offset, data):
         fut = real(h, offset, data)
@@ -195,7 +195,7 @@ def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
         assert pending <= fs.write_depth
         return fut
 
-    monkeypatch.setattr(fs, "_submit_write", tracking)
+    monkeypatch.setattr(fs.chunk_io, "submit_write", tracking)
     chunks = fs.write_depth + 2  # more chunks than may be in flight
     data = os.urandom(chunks * 4 * MiB)
     with fs.open(f"{base}/bounded", "wb") as f:
@@ -207,11 +207,11 @@ def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
 
 def _count_sent_reads(monkeypatch) -> dict:
     """Count reads sent ahead (``start_read``) and those received in place."""
-    from emberfs.client import datapath
+    from emberfs.client import datapath, lanes
 
     stats = {"sent": 0, "received": 0}
     real_start = datapath.DataClient.start_read
-    real_finish = datapath.PendingRead.finish_into
+    real_finish = lanes.PendingRead.finish_into
 
     def start(self, *args, **kwargs):
         pending = real_start(self, *args, **kwargs)
@@ -224,17 +224,17 @@ def _count_sent_reads(monkeypatch) -> dict:
         return ok
 
     monkeypatch.setattr(datapath.DataClient, "start_read", start)
-    monkeypatch.setattr(datapath.PendingRead, "finish_into", finish)
+    monkeypatch.setattr(lanes.PendingRead, "finish_into", finish)
     return stats
 
 
 def _nothing_held(fs) -> bool:
     """No sent read outstanding and every open data connection idle in the pool."""
-    data = fs._rt.data
+    data = fs._rt.get().data
     pool = data.pool
     with pool._cond:
         idle = all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
-    return idle and not any(data._pending.values())
+    return idle and not any(data.lanes._pending.values())
 
 
 def _wait_nothing_held(fs, seconds: float = 5.0) -> bool:
@@ -262,7 +262,7 @@ def test_readinto_stream_receives_reads_sent_ahead_in_place(fs, blob, monkeypatc
 
 
 def test_a_sent_read_that_fails_falls_back_to_a_fetch(fs, blob, monkeypatch):
-    from emberfs.client import datapath
+    from emberfs.client import lanes
 
     path, data = blob
     failed = []
@@ -273,7 +273,7 @@ def test_a_sent_read_that_fails_falls_back_to_a_fetch(fs, blob, monkeypatch):
         failed.append(len(out))
         return False
 
-    monkeypatch.setattr(datapath.PendingRead, "finish_into", failing)
+    monkeypatch.setattr(lanes.PendingRead, "finish_into", failing)
     out = bytearray()
     with fs.open(path, "rb") as f:
         buf = bytearray(f.handle.chunk_size)
@@ -290,7 +290,7 @@ def test_closing_early_gives_the_connections_of_sent_reads_back(fs, blob, monkey
         buf = bytearray(f.handle.chunk_size)
         assert f.readinto(buf) == len(buf) and buf == data[: len(buf)]
         assert f.readinto(buf) == len(buf)  # sequential now: the next block is sent ahead
-        assert stats["sent"] >= 1 and any(fs._rt.data._pending.values())
+        assert stats["sent"] >= 1 and any(fs._rt.get().data.lanes._pending.values())
     assert stats["received"] == 0
     assert _wait_nothing_held(fs)
     # a mixed read after that still sees the right bytes

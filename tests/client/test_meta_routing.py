@@ -8,7 +8,8 @@ import time
 import grpc
 import pytest
 
-from emberfs.client.meta import MetaClient, RequestIds, TransientError, is_retryable, retry
+from emberfs.client.meta import MetaClient
+from emberfs.client.retry import RequestIds, TransientError, is_retryable, retry
 from emberfs.client.routing import RoutingCache
 from emberfs.common.routing import RoutingView
 from emberfs.proto import common_pb2

@@ -13,7 +13,7 @@ BS = 1000
 
 
 class Source:
-    """Serves byte ranges of ``data`` and records every request."""
+    """Serves byte ranges of ``data`` as the cache's reader and records every request."""
 
     def __init__(self, data: bytes, pool: ThreadPoolExecutor) -> None:
         self.data = data
@@ -21,12 +21,13 @@ class Source:
         self.sync: list[tuple[int, int]] = []
         self.blocks: list[tuple[int, int]] = []
         self.into: list[tuple[int, int]] = []
+        self.start = None  # start(lo, hi) -> a read sent ahead, or None
 
     def fetch(self, start, end):
         self.sync.append((start, end))
         return self.data[start:end]
 
-    def submit(self, start, end):
+    def submit_block(self, start, end):
         self.blocks.append((start, end))
         return self.pool.submit(lambda: bytearray(self.data[start:end]))
 
@@ -38,6 +39,12 @@ class Source:
 
         return [self.pool.submit(fill)]
 
+    def start_block(self, start, end):
+        return self.start(start, end) if self.start is not None else None
+
+    def release(self, buf):
+        pass
+
 
 @pytest.fixture
 def source():
@@ -46,15 +53,8 @@ def source():
 
 
 def make(source, depth=4, start=None):
-    return ReadaheadCache(
-        BS,
-        source.fetch,
-        len(source.data),
-        submit=source.submit,
-        submit_into=source.submit_into,
-        start=start,
-        depth=depth,
-    )
+    source.start = start
+    return ReadaheadCache(BS, source.fetch, len(source.data), reader=source, depth=depth)
 
 
 def test_registered_as_fsspec_cache():
@@ -108,7 +108,7 @@ def test_readinto_direct_then_from_blocks(source):
 def test_failed_block_is_refetched(source):
     cache = make(source, depth=2)
     calls = {"n": 0}
-    real = source.submit
+    real = source.submit_block
 
     def flaky(start, end):
         calls["n"] += 1
@@ -117,7 +117,7 @@ def test_failed_block_is_refetched(source):
             return fut
         return real(start, end)
 
-    cache.submit = flaky
+    source.submit_block = flaky
     d = source.data
     cache._fetch(0, 10)
     out = []

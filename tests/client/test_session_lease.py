@@ -14,8 +14,8 @@ import time
 import pytest
 import requests
 
-from emberfs.client.file import OpenHandle, SessionLeases
 from emberfs.client.fs import EmberFileSystem
+from emberfs.client.handles import OpenHandle, SessionLeases
 from emberfs.proto import common_pb2
 
 SESSION_TIMEOUT = 3.0

@@ -1,0 +1,125 @@
+"""The part of a filesystem instance that belongs to one process: channel, sockets, threads.
+
+A gRPC channel, data connections and a thread pool cannot cross ``os.fork``
+(PyTorch DataLoader workers fork with the filesystem in hand).
+:class:`Runtime` holds all of them, built from the filesystem's options;
+:class:`ProcessRuntime` hands every caller the runtime of its own process,
+building one on first use and again in a forked child, where the parent's is
+forgotten, never used or closed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from emberfs.client.buffers import BlockPool
+from emberfs.client.datapath import DataClient
+from emberfs.client.handles import SessionLeases
+from emberfs.client.meta import MetaClient
+from emberfs.client.retry import RequestIds
+from emberfs.client.routing import RoutingCache
+from emberfs.common import wire
+from emberfs.common.stalls import live_addresses
+
+if TYPE_CHECKING:
+    from emberfs.client.fs import EmberFileSystem
+
+
+class Runtime:
+    """Everything that must not cross a fork: channel, sockets, threads.
+
+    Parameters
+    ----------
+    fs : EmberFileSystem
+        Whose options (timeouts, connections, workers, depths) it is built with.
+    """
+
+    def __init__(self, fs: EmberFileSystem) -> None:
+        self.pid = os.getpid()
+        self.ids = RequestIds()
+        self.meta = MetaClient(
+            fs.meta, timeout=fs.rpc_timeout, retry_timeout=fs.retry_timeout, ids=self.ids
+        )
+        routing = self.routing = RoutingCache(self.meta.routing)
+        self.pool = wire.ConnectionPool(
+            connect_timeout=fs.connect_timeout,
+            io_timeout=fs.io_timeout,
+            max_per_address=fs.max_connections,
+            # the servers the metaserver counts as up now (asked while a transfer stalls)
+            live=lambda: live_addresses(routing.refresh(routing.get()).targets.values()),
+            stall_check=fs.stall_check,
+        )
+        self.data = DataClient(
+            self.routing,
+            self.ids,
+            self.pool,
+            read_timeout=fs.read_timeout,
+            write_timeout=fs.write_timeout,
+        )
+        self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
+        # readahead block buffers, reused so a long read does not fault in fresh memory
+        self.blocks = BlockPool((fs.readahead_depth + 2) * fs.default_block_size)
+        # write-session lease renewal; its thread starts with the first open for write
+        self.leases = SessionLeases(self.meta.renew_sessions, fs.session_renew_interval)
+
+    def close(self) -> None:
+        """Release it all (in a forked child: only forget the parent's channel)."""
+        if self.pid != os.getpid():
+            self.meta.abandon()
+            return
+        self.leases.stop()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.blocks.clear()
+        self.pool.close()
+        self.meta.close()
+
+
+class ProcessRuntime:
+    """The :class:`Runtime` of the calling process, built on first use.
+
+    Parameters
+    ----------
+    fs : EmberFileSystem
+        The filesystem whose options a runtime is built with, when it is built.
+    """
+
+    def __init__(self, fs: EmberFileSystem) -> None:
+        self._fs = fs
+        self._rt: Runtime | None = None
+        self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
+
+    def get(self) -> Runtime:
+        """This process's runtime, built now if it has none (after a fork, or a close)."""
+        rt = self._rt
+        pid = os.getpid()
+        if rt is not None and rt.pid == pid:
+            return rt
+        if self._lock_pid != pid:
+            # a lock inherited across fork may be held by a thread that does not exist here
+            self._lock = threading.Lock()
+            self._lock_pid = pid
+        with self._lock:
+            rt = self._rt
+            if rt is None or rt.pid != pid:
+                if rt is not None:
+                    rt.close()  # in a child: only forgets the parent's objects
+                rt = self._rt = Runtime(self._fs)
+            return rt
+
+    def current(self) -> Runtime | None:
+        """This process's runtime if it has one, without building it."""
+        rt = self._rt
+        if rt is not None and rt.pid == os.getpid():
+            return rt
+        return None
+
+    def close(self) -> None:
+        """Release connections and threads; the next :meth:`get` builds a new runtime."""
+        with self._lock:
+            rt, self._rt = self._rt, None
+        if rt is not None:
+            rt.close()
