@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             meta = args.meta or None
         fs = EmberFileSystem(meta=meta, skip_instance_cache=True, retry_timeout=10.0)
         try:
-            fs._meta.ping()
+            fs.statfs()  # reaches the metaserver, or fails fast
         except OSError as exc:
             print(f"emberfs bench: cannot reach the metaserver {fs.meta}: {exc}", file=sys.stderr)
             return 3
