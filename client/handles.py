@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from emberfs.common.periodic import Periodic
 from emberfs.proto import common_pb2
 
 if TYPE_CHECKING:
@@ -128,24 +129,19 @@ class SessionLeases:
     """
 
     def __init__(self, renew, interval: float) -> None:
-        if not interval > 0:
-            raise ValueError(f"session renew interval {interval} is not positive")
         self._renew = renew
         self.interval = interval
         self._handles: dict[int, OpenHandle] = {}  # id(handle) -> handle
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Periodic(
+            self.renew_now, interval, "emberfs-leases", "renewing write sessions"
+        )
 
     def register(self, handle: OpenHandle) -> None:
         """Keep renewing ``handle``'s write session until :meth:`unregister`."""
         with self._lock:
             self._handles[id(handle)] = handle
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="emberfs-leases", daemon=True
-                )
-                self._thread.start()
+        self._ticker.start()
 
     def unregister(self, handle: OpenHandle) -> None:
         """Stop renewing ``handle``'s session (it was closed)."""
@@ -165,19 +161,9 @@ class SessionLeases:
                     log.warning("write session of %s expired", h.path)
                 h.expired = True
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.renew_now()
-            except Exception as exc:
-                log.warning("renewing write sessions failed: %s", exc)
-
     def stop(self) -> None:
         """Stop the renewal thread (sessions still registered then lapse)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1.0)
+        self._ticker.stop()
 
 
 class WriteSessions:

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from emberfs.common.periodic import Periodic
 from emberfs.proto import common_pb2
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,6 @@ class StallWatch:
         horizon: float = 10.0,
         on_suspect: Callable[[str], None] = lambda address: None,
     ) -> None:
-        if not interval > 0:
-            raise ValueError(f"stall check interval {interval} is not positive")
         self._live = live
         self.interval = interval
         self._on_abandon = on_abandon
@@ -107,29 +106,25 @@ class StallWatch:
         self._lock = threading.Lock()
         self._active: dict[int, tuple[str, socket.socket, float]] = {}
         self._keys = itertools.count()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # checks every interval / 2, from the first transfer or suspicion on
+        self._ticker = Periodic(
+            self.check, interval / 2, "emberfs-stalls", "stall check", logging.DEBUG
+        )
         self.abandoned = 0  # transfers cut so far
-
-    def _ensure_thread(self) -> None:
-        """Start the watch thread unless it runs or was stopped (under ``_lock``)."""
-        if self._thread is None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self._run, name="emberfs-stalls", daemon=True)
-            self._thread.start()
 
     def add(self, address: str, sock: socket.socket) -> int:
         """Watch a transfer on ``sock`` to ``address`` from now; the key for :meth:`remove`."""
         key = next(self._keys)
         with self._lock:
             self._active[key] = (address, sock, time.monotonic())
-            self._ensure_thread()
+            self._ticker.start()
         return key
 
     def suspect(self, address: str) -> None:
         """A transfer to ``address`` failed: follow the routing for it for ``horizon`` seconds."""
         with self._lock:
             self._suspects[address] = time.monotonic() + self.horizon
-            self._ensure_thread()
+            self._ticker.start()
 
     def remove(self, key: int) -> bool:
         """The transfer is over: its connection is never touched from here on.
@@ -212,17 +207,6 @@ class StallWatch:
             )
         return len(cut)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval / 2):
-            try:
-                self.check()
-            except Exception as exc:
-                # the metaserver may be down too: the socket timeouts still hold
-                log.debug("stall check failed: %s", exc)
-
     def stop(self) -> None:
         """Stop the watch thread (transfers then wait out their socket timeouts)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1.0)
+        self._ticker.stop()
