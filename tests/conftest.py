@@ -1,10 +1,22 @@
-"""Fixtures shared by the whole suite: real local clusters of real processes."""
+"""Fixtures shared by the whole suite: real local clusters of real processes.
+
+Also the suite-wide Hypothesis profiles: ``default`` is deterministic (the same examples on
+every run, no deadline), so a CI run is reproducible; ``long`` draws many more random examples.
+``HYPOTHESIS_PROFILE=long python -m pytest ...`` selects it.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from emberfs.cli.localcluster import LocalCluster
+
+settings.register_profile("default", derandomize=True, deadline=None, max_examples=60)
+settings.register_profile("long", deadline=None, max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def make_cluster(tmp_path_factory, name: str, **kwargs) -> LocalCluster:
