@@ -14,14 +14,18 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 from emberfs.cli.localcluster import LocalCluster
 
 pytest_plugins = ("pytester",)  # tests/test_conftest.py runs pytest on sample test files
 
-settings.register_profile("default", derandomize=True, deadline=None, max_examples=60)
-settings.register_profile("long", deadline=None, max_examples=2000)
+# no explain phase: on a failure it reruns the shrunk example hundreds of times for a comment
+_PHASES = tuple(p for p in Phase if p != Phase.explain)
+settings.register_profile(
+    "default", derandomize=True, deadline=None, max_examples=60, phases=_PHASES
+)
+settings.register_profile("long", deadline=None, max_examples=2000, phases=_PHASES)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REQUIRE_ALL_TESTS = os.environ.get("EMBERFS_REQUIRE_ALL_TESTS", "") not in ("", "0")
