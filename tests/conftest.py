@@ -1,10 +1,67 @@
-"""Fixtures shared by the whole suite: real local clusters of real processes."""
+"""Fixtures shared by the whole suite: real local clusters of real processes.
+
+Also the suite-wide Hypothesis profiles: ``default`` is deterministic (the same examples on
+every run, no deadline), so a CI run is reproducible; ``long`` draws many more random examples.
+``HYPOTHESIS_PROFILE=long python -m pytest ...`` selects it.
+
+With ``EMBERFS_REQUIRE_ALL_TESTS=1`` (set by ``.ci/run``) every skip, whether from a mark,
+``pytest.skip``, ``pytest.importorskip`` or a module skipped at collection, is reported as a
+failure naming its reason: in CI a missing test dependency must not pass unnoticed.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import Phase, settings
 
 from emberfs.cli.localcluster import LocalCluster
+
+pytest_plugins = ("pytester",)  # tests/test_conftest.py runs pytest on sample test files
+
+# no explain phase: on a failure it reruns the shrunk example hundreds of times for a comment
+_PHASES = tuple(p for p in Phase if p != Phase.explain)
+settings.register_profile(
+    "default", derandomize=True, deadline=None, max_examples=60, phases=_PHASES
+)
+settings.register_profile("long", deadline=None, max_examples=2000, phases=_PHASES)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+REQUIRE_ALL_TESTS = os.environ.get("EMBERFS_REQUIRE_ALL_TESTS", "") not in ("", "0")
+
+
+def _skip_reason(longrepr) -> str:
+    """The reason of a skip report (its longrepr is ``(path, line, "Skipped: reason")``)."""
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        path, line, reason = longrepr
+        return f"{reason} ({path}:{line})"
+    return str(longrepr)
+
+
+def _as_failure(report) -> None:
+    report.outcome = "failed"
+    report.longrepr = (
+        "EMBERFS_REQUIRE_ALL_TESTS is set, so this skip is a failure: "
+        + _skip_reason(report.longrepr)
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    # an expected failure (xfail) is reported as skipped too: it is no skip
+    if REQUIRE_ALL_TESTS and report.skipped and not hasattr(report, "wasxfail"):
+        _as_failure(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    if REQUIRE_ALL_TESTS and report.skipped:
+        _as_failure(report)
+    return report
 
 
 def make_cluster(tmp_path_factory, name: str, **kwargs) -> LocalCluster:

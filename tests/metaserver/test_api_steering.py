@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from fastapi.staticfiles import StaticFiles
 from fastapi.testclient import TestClient
+from starlette.routing import Mount
 
 from emberfs.common import errors
 from emberfs.metaserver import chainstate
@@ -19,7 +23,16 @@ from emberfs.metaserver.chainstate import (
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.namespace import Namespace
 from emberfs.proto import cluster_pb2
+
+try:  # FastAPI keeps included routers as such in app.routes; this walks their routes too
+    from fastapi.routing import iter_route_contexts
+except ImportError:  # earlier FastAPI: app.routes holds every route itself
+
+    def iter_route_contexts(routes):
+        return iter(routes)
+
 
 TOKEN = "s3cret-token"
 
@@ -224,6 +237,74 @@ def test_steering_without_a_configured_token(four_nodes, method, url, body):
     resp = client.request(method, url, json=body, headers={"Authorization": "Bearer x"})
     assert resp.status_code == 403
     assert resp.json() == {"detail": "no admin token configured"}
+
+
+READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def state_changing_routes(app) -> list[tuple[str, str]]:
+    """(method, path) of every route of ``app`` whose method is not GET, HEAD or OPTIONS."""
+    found = []
+    for route in iter_route_contexts(app.routes):
+        original = getattr(route, "original_route", route)
+        if isinstance(original, Mount):
+            # a mounted application's routes are not in app.routes: only static files may be
+            assert isinstance(original.app, StaticFiles), f"{route.path} mounts {original.app!r}"
+            continue
+        methods = route.methods
+        assert methods, f"{route!r} has no methods"
+        found += [(m, route.path) for m in sorted(methods) if m not in READ_ONLY_METHODS]
+    return found
+
+
+def with_parameters(path: str) -> str:
+    """``path`` with every path parameter given a value (1: an existing target, chain, ...)."""
+    return re.sub(r"\{[^}]+\}", "1", path)
+
+
+@pytest.fixture
+def full_app(four_nodes):
+    """The app over the cluster manager and a namespace on the same store, as the metaserver."""
+    cm, engine, _ = four_nodes
+    namespace = Namespace(engine, chain_table=cm.chain_table)
+
+    def make(token: str | None = TOKEN):
+        return create_app(cm, namespace, admin_token=token)
+
+    return cm, engine, make
+
+
+def test_every_state_changing_route_needs_the_admin_token(full_app):
+    """Each route that may change state, found in the app itself, refuses requests without the
+    token (401) and with a wrong one (403), and applies nothing."""
+    cm, engine, make = full_app
+    app = make()
+    routes = state_changing_routes(app)
+    # the enumeration finds the steering routes known here (and whatever is added later)
+    assert {(m.upper(), re.sub(r"\?.*", "", url)) for m, url, _ in STEERING} <= {
+        (m, with_parameters(p)) for m, p in routes
+    }
+    client = TestClient(app)
+    before = (cm.routing_version, list(engine.scan(b"", None)))
+    for method, path in routes:
+        url = with_parameters(path)
+        resp = client.request(method, url)
+        assert resp.status_code == 401, (method, path, resp.status_code, resp.text)
+        assert resp.headers["www-authenticate"] == "Bearer", (method, path)
+        for header in ("Bearer nope", f"Bearer {TOKEN}x"):
+            resp = client.request(method, url, headers={"Authorization": header})
+            assert resp.status_code == 403, (method, path, header, resp.status_code, resp.text)
+            assert resp.json() == {"detail": "wrong admin token"}, (method, path, header)
+        resp = client.request(method, url, headers={"Authorization": f"Basic {TOKEN}"})
+        assert resp.status_code == 401, (method, path, resp.status_code, resp.text)
+    assert (cm.routing_version, list(engine.scan(b"", None))) == before  # nothing applied
+    # a metaserver without an admin token refuses them all
+    client = TestClient(make(None))
+    for method, path in routes:
+        resp = client.request(method, with_parameters(path), headers={"Authorization": "Bearer x"})
+        assert resp.status_code == 403, (method, path, resp.status_code, resp.text)
+        assert resp.json() == {"detail": "no admin token configured"}, (method, path)
+    assert (cm.routing_version, list(engine.scan(b"", None))) == before
 
 
 def test_offline_and_drain_through_the_api(api):

@@ -119,13 +119,25 @@ def test_register_persists_ids_and_restart_keeps_them(meta, nodes, tmp_path):
 
 
 def test_grpc_port_defaults_to_data_port_plus_one(meta, nodes, tmp_path):
-    port = free_port(count=2)
-    node = Node(tmp_path / "n", meta.address, listen=f"127.0.0.1:{port}", heartbeat_interval=0.2)
-    nodes.append(node)
-    try:
-        assert node.start()
-    except OSError:
-        pytest.skip("port + 1 was taken meanwhile")
+    # another process may take a picked port before the node binds it: pick again, a few times
+    for attempt in range(5):
+        port = free_port(count=2)
+        node = Node(
+            tmp_path / f"n{attempt}",
+            meta.address,
+            listen=f"127.0.0.1:{port}",
+            heartbeat_interval=0.2,
+        )
+        nodes.append(node)
+        try:
+            assert node.start()
+            break
+        except OSError as exc:
+            error = exc
+            node.stop()
+            nodes.remove(node)
+    else:
+        pytest.fail(f"no node started on two free consecutive ports in 5 tries: {error}")
     assert node.grpc_address == f"127.0.0.1:{port + 1}"
     with grpc.insecure_channel(node.grpc_address) as ch:
         stats = storage_pb2_grpc.StorageServiceStub(ch).TargetStats(
