@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import itertools
 import random
-import socket
 
 import pytest
 from hypothesis import example, given, note
 from hypothesis import strategies as st
 
-from emberfs.client.datapath import ConnectionPool, DataClient
-from emberfs.client.meta import RequestIds
+from emberfs.client.datapath import DataClient
+from emberfs.client.retry import RequestIds
 from emberfs.client.routing import RoutingCache
-from emberfs.common import framing
-from emberfs.common.framing import Op, Status
+from emberfs.common import wire
+from emberfs.common.framing import Op
+from emberfs.common.routing import RoutingView
+from emberfs.common.wire import ConnectionPool
 from emberfs.proto import common_pb2, data_pb2
-from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore
 from emberfs.storageserver.dataserver import DataServer
 
@@ -44,7 +44,7 @@ class Chain:
 
     def __init__(self, tmp_path) -> None:
         self.stores = {t: ChunkStore(tmp_path / f"target-{t}") for t in (1, 2)}
-        self.view = rp.RoutingView()
+        self.view = RoutingView()
         self.servers = {
             t: DataServer(
                 "127.0.0.1", 0, stores=lambda t=t: {t: self.stores[t]}, routing=lambda: self.view
@@ -62,7 +62,7 @@ class Chain:
                 chain_id=CHAIN,
             )
         self.routing.chains.add(chain_id=CHAIN, version=1, targets=[1, 2])
-        self.view = rp.RoutingView.from_proto(self.routing)
+        self.view = RoutingView.from_proto(self.routing)
         self.pool = ConnectionPool(connect_timeout=5, io_timeout=10)
         self.client = DataClient(
             RoutingCache(lambda: self.routing, min_interval=0),
@@ -92,13 +92,9 @@ class Chain:
             request_id=next(self._request_ids),
         )
         host, port = self.servers[1].address
-        with socket.create_connection((host, port), timeout=10) as sock:
-            framing.send_frame(sock, Op.TRUNCATE, req.SerializeToString())
-            frame = framing.recv_frame(sock)
-        assert frame.header.status == Status.OK, data_pb2.ErrorResponse.FromString(frame.meta)
+        wire.call(self.pool, f"{host}:{port}", Op.TRUNCATE, req.SerializeToString())
 
     def close(self) -> None:
-        self.client.close()
         self.pool.close()
         for server in self.servers.values():
             server.stop()

@@ -4,10 +4,11 @@ A ``ReadaheadCache`` over an in-memory file (block sizes and file sizes at and
 around each other, multiples of the block size and not) is driven the way
 ``EmberFile`` drives it: ``read(n)`` is ``_fetch(pos, pos + n)`` (the fsspec
 cache call), ``readinto`` is ``readinto(pos, buffer)``, and ``seek`` moves the
-position. Its fetchers are in memory and deterministic: block fetches
-(``submit``) finish at once or only when their result is asked for, some fail
-once; ``submit_into`` fills the caller's view; ``start`` is absent, sends no
-read, or returns stand-ins of sent reads, some of which fail when finished.
+position. Its reader (or none: every read synchronous) is in memory and
+deterministic: block fetches (``submit_block``) finish at once or only when
+their result is asked for, some fail once; ``submit_into`` fills the caller's
+view; ``start_block`` sends no read, or returns stand-ins of sent reads, some of
+which fail when finished.
 Every call must give the file's bytes at the position, no fetcher may be asked
 for a range outside the file, and once the cache is closed every read sent ahead
 has been received or given up and every block fetch used or cancelled.
@@ -21,7 +22,8 @@ from concurrent.futures import Future
 from hypothesis import example, given, note
 from hypothesis import strategies as st
 
-from emberfs.client.readahead import BlockPool, ReadaheadCache
+from emberfs.client.buffers import BlockPool
+from emberfs.client.readahead import ReadaheadCache
 
 
 class Lazy:
@@ -97,10 +99,21 @@ class SentRead:
 
 
 class Source:
-    """The file's bytes and the fetchers over them; records every range asked for."""
+    """The file's bytes and a block reader over them; records every range asked for."""
 
-    def __init__(self, data: bytes, *, lazy: bool, failing: set[int], blocksize: int) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        *,
+        lazy: bool,
+        failing: set[int],
+        blocksize: int,
+        start: str = "none",
+        failing_sent: int = 0,
+    ) -> None:
         self.data = data
+        self.start_mode = start  # "sent": reads sent ahead; "none": never
+        self.failing_sent = failing_sent  # every k-th sent block fails (0: none)
         self.lazy = lazy
         self.failing = set(failing)  # block indexes whose first fetch fails
         self.blocksize = blocksize
@@ -116,7 +129,7 @@ class Source:
         self._ask("fetch", start, end)
         return self.data[start:end]
 
-    def submit(self, start: int, end: int):
+    def submit_block(self, start: int, end: int):
         self._ask("submit", start, end)
         block = start // self.blocksize
 
@@ -137,21 +150,17 @@ class Source:
         view[:] = self.data[start : start + len(view)]
         return [finished(lambda: None)]
 
-    def starter(self, mode: str, failing_sent: int):
-        if mode == "absent":
+    def start_block(self, lo: int, hi: int) -> SentRead | None:
+        if self.start_mode == "none":
             return None
-        if mode == "none":
-            return lambda start, end: None
+        self._ask("start", lo, hi)
+        k = self.failing_sent
+        read = SentRead(self, lo, hi, ok=k == 0 or (lo // self.blocksize) % k != 0)
+        self.sent.append(read)
+        return read
 
-        def start(lo: int, hi: int) -> SentRead:
-            self._ask("start", lo, hi)
-            read = SentRead(
-                self, lo, hi, ok=failing_sent == 0 or (lo // self.blocksize) % failing_sent != 0
-            )
-            self.sent.append(read)
-            return read
-
-        return start
+    def release(self, buf) -> None:
+        self.pool.put(buf)
 
 
 def positions(blocksize: int, limit: int) -> st.SearchStrategy[int]:
@@ -170,8 +179,8 @@ def lengths(blocksize: int) -> st.SearchStrategy[int]:
 def scenarios(draw, streaming: bool = False):
     """A file and its cache's configuration, and the calls made on it.
 
-    ``streaming``: every fetcher there, reads ahead sent where they can be, and
-    long runs of calls of a block or so each (the readahead's pipeline).
+    ``streaming``: a reader, reads ahead sent where they can be, and long runs
+    of calls of a block or so each (the readahead's pipeline).
     """
     blocksize = draw(st.sampled_from([512, 1000, 4096]))
     blocks = draw(st.integers(1, 3) | st.integers(0, 6))
@@ -182,12 +191,10 @@ def scenarios(draw, streaming: bool = False):
         "blocksize": blocksize,
         "size": size,
         "depth": draw(st.integers(1 if streaming else 0, 4)),
-        "submit": streaming or draw(st.booleans() | st.just(True)),
-        "submit_into": streaming or draw(st.booleans() | st.just(True)),
-        "start": "sent" if streaming else draw(st.sampled_from(["sent", "absent", "none"])),
+        "reader": streaming or draw(st.booleans() | st.just(True)),
+        "start": "sent" if streaming else draw(st.sampled_from(["sent", "none"])),
         "failing_sent": draw(st.sampled_from([0, 2, 3])),  # every k-th sent block fails (0: none)
         "lazy": draw(st.booleans()),
-        "release": draw(st.booleans()),
         "failing": draw(st.sets(st.integers(0, blocks), max_size=2)),
     }
     times = st.integers(1, 8) if streaming else st.integers(1, 2) | st.integers(1, 8)
@@ -210,12 +217,10 @@ SMALL_READS_AT_THE_END = (
         "blocksize": 512,
         "size": 1024,  # a multiple of the block size
         "depth": 2,
-        "submit": True,
-        "submit_into": True,
-        "start": "absent",
+        "reader": True,
+        "start": "none",
         "failing_sent": 0,
         "lazy": False,
-        "release": True,
         "failing": set(),
     },
     [("seek", 1000), ("read", 8, 4)],
@@ -237,17 +242,16 @@ def check(config: dict, ops: list) -> None:
     note(f"{config}; ops: {ops!r}")
     bs, size = config["blocksize"], config["size"]
     data = random.Random(size).randbytes(size)
-    source = Source(data, lazy=config["lazy"], failing=config["failing"], blocksize=bs)
-    cache = ReadaheadCache(
-        bs,
-        source.fetch,
-        size,
-        submit=source.submit if config["submit"] else None,
-        submit_into=source.submit_into if config["submit_into"] else None,
-        depth=config["depth"],
-        release=source.pool.put if config["release"] else None,
-        start=source.starter(config["start"], config["failing_sent"]),
+    source = Source(
+        data,
+        lazy=config["lazy"],
+        failing=config["failing"],
+        blocksize=bs,
+        start=config["start"],
+        failing_sent=config["failing_sent"],
     )
+    reader = source if config["reader"] else None
+    cache = ReadaheadCache(bs, source.fetch, size, reader=reader, depth=config["depth"])
     pos = 0
     calls = []
     for op, *args in ops:

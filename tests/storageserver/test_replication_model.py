@@ -1,9 +1,9 @@
-"""The CRAQ decisions of ``emberfs.storageserver.replication`` against a byte model of a chain.
+"""The CRAQ decisions against a byte model of a chain.
 
 A model chain of replicas, each holding per chunk its committed version and bytes
-(and the data server's in-memory version floor), runs random sequences of steps
-the way the data server runs them, with every decision taken by the real
-functions: client writes at the head (partial updates forwarded with their base
+and the real replication state of a node (:class:`~emberfs.storageserver.replica.Replica`:
+version floors), runs random sequences of steps the way the data server runs
+them, with every decision taken by the real rules (``replication``) and state: client writes at the head (partial updates forwarded with their base
 version, full chunks where a successor asks for them or syncs), writes that a
 replica fails to stage after it forwarded them (so its successors commit a
 version that it and its predecessors abort), updates sent to a successor twice,
@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from emberfs.common import wire
 from emberfs.common.framing import Status
+from emberfs.common.routing import RoutingView
 from emberfs.proto import common_pb2, data_pb2
 from emberfs.storageserver import replication as rp
+from emberfs.storageserver.replica import Replica, WritePlan
 
 SERVING, SYNCING, OFFLINE = common_pb2.SERVING, common_pb2.SYNCING, common_pb2.OFFLINE
 BLOCK = 64 * 1024  # the CRC block of the data protocol
@@ -53,11 +56,19 @@ class Fault:
 
 
 @dataclass
-class Replica:
+class Copy:
+    """One replica: its chunks' committed versions and bytes, and its node's replication state."""
+
     target_id: int
     state: int = SERVING
     chunks: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # index: (version, bytes)
-    floors: dict[int, int] = field(default_factory=dict)  # index: highest aborted version
+    replica: Replica = field(default_factory=Replica)
+
+    def key(self, index: int) -> tuple[int, int, int]:
+        return (self.target_id, INODE, index)
+
+    def floors(self) -> dict[int, int]:
+        return {i: f for i in range(N_INDEXES) if (f := self.replica.floor(self.key(i)))}
 
     def meta(self, index: int) -> Meta | None:
         if index not in self.chunks:
@@ -68,27 +79,24 @@ class Replica:
     def data(self, index: int) -> bytes:
         return self.chunks.get(index, (0, b""))[1]
 
-    def abort(self, index: int, version: int) -> None:
-        self.floors[index] = max(version, self.floors.get(index, 0))
-
 
 class Model:
     def __init__(self, n_replicas: int) -> None:
-        self.replicas = {t: Replica(t) for t in range(1, n_replicas + 1)}
+        self.replicas = {t: Copy(t) for t in range(1, n_replicas + 1)}
         self.order = list(self.replicas)  # chain order, head first
         self.chain_version = 1
         # (index, version): the bytes the head gave that version
         self.expected: dict[tuple[int, int], bytes] = {}
 
     # routing ------------------------------------------------------------------
-    def view(self) -> rp.RoutingView:
+    def view(self) -> RoutingView:
         routing = common_pb2.RoutingInfo(version=self.chain_version)
         for t in self.order:
             routing.targets.add(
                 target_id=t, node_id=f"n{t}", data_address=f"h{t}:1", state=self.replicas[t].state
             )
         routing.chains.add(chain_id=CHAIN, version=self.chain_version, targets=self.order)
-        return rp.RoutingView.from_proto(routing)
+        return RoutingView.from_proto(routing)
 
     def reorder(self) -> None:
         """The cluster manager's chain order: serving, syncing, offline (stable)."""
@@ -96,7 +104,7 @@ class Model:
         self.order.sort(key=lambda t: rank[self.replicas[t].state])
         self.chain_version += 1
 
-    def write_chain(self) -> list[Replica]:
+    def write_chain(self) -> list[Copy]:
         return [self.replicas[t] for t in self.view().write_chain(CHAIN)]
 
     def assign(self, index: int, version: int, content: bytes) -> None:
@@ -139,75 +147,59 @@ class Model:
         return status == Status.OK
 
     def _apply(
-        self, view: rp.RoutingView, req, payload: bytes, fault: Fault | None
+        self, view: RoutingView, req, payload: bytes, fault: Fault | None
     ) -> tuple[int, str]:
-        """One replica's handling of a write, as the data server's ``_apply_write``."""
+        """One replica's handling of a write, as the data server's ``_write`` and ``_replicate``."""
         r = self.replicas[req.target_id]
         fails = fault is not None and fault.kind == "stage" and fault.target_id == r.target_id
         twice = fault is not None and fault.kind == "twice" and fault.target_id == r.target_id
         role = rp.check_write(view, [r.target_id], req, len(payload))
         assert isinstance(role, rp.WriteRole), role
         index = req.chunk.index
-        meta = r.meta(index)
-        committed = rp.committed_version(meta)
-        if role.kind == rp.WriteKind.CLIENT:
-            version = rp.next_version(meta, r.floors.get(index, 0))
-            full = False
-            self.assign(index, version, written(r.data(index), req.offset, payload))
-        else:
+        plan = r.replica.plan_write(req, role, r.meta(index))
+        if isinstance(plan, wire.Refused):
+            return plan.status, plan.message
+        if not isinstance(plan, WritePlan):  # the committed version holds it already
             assert role.kind == rp.WriteKind.FORWARDED
-            action = rp.plan_forwarded(meta, req)
-            if action == rp.Apply.ALREADY:
-                return Status.OK, ""
-            if action == rp.Apply.NEED_FULL:
-                return Status.NOT_COMMITTED, rp.NEED_FULL_CHUNK
-            version, full = req.update_version, action == rp.Apply.FULL
+            return Status.OK, ""
+        if role.kind == rp.WriteKind.CLIENT:
+            self.assign(index, plan.version, written(r.data(index), req.offset, payload))
         failure = None
-        if role.successor is not None:
-            send_full = full or rp.send_full_first(role.successor, req)
+        if plan.successor is not None:
             while True:
                 body = payload
-                if send_full and not full:
-                    body = bytes(
-                        rp.overlay(r.data(index) if committed else b"", req.offset, payload)
-                    )
-                if role.successor.state == SYNCING:  # a syncing replica gets whole chunks
-                    assert send_full
-                fwd = rp.forward_request(
-                    req,
-                    role.successor,
-                    chain_version=role.chain_version,
-                    version=version,
-                    base_version=committed,
-                    full_chunk=send_full,
-                )
+                if plan.send_full and not plan.full:
+                    base = r.data(index) if plan.base_version else b""
+                    body = bytes(rp.overlay(base, req.offset, payload))
+                if plan.successor.state == SYNCING:  # a syncing replica gets whole chunks
+                    assert plan.send_full
+                fwd = plan.forward()
                 status, message = self._apply(view, fwd, body, fault)
                 if twice and status == Status.OK:
                     # the answer was lost and the update sent again: applied once
-                    successor = self.replicas[role.successor.target_id]
+                    successor = self.replicas[plan.successor.target_id]
                     held = dict(successor.chunks)
                     status, message = self._apply(view, fwd, body, fault)
                     assert status == Status.OK and successor.chunks == held
                 if fails:
                     break  # it failed to stage meanwhile: the answer is never read
-                outcome, upstream = rp.interpret_reply(status, message, send_full)
-                if outcome == rp.Reply.RESEND_FULL:
-                    send_full = True
+                step = r.replica.successor_answered(plan, status, message)
+                if step == rp.Reply.RESEND_FULL:
                     continue
-                if outcome == rp.Reply.FAIL:
-                    failure = upstream
+                failure = step
                 break
         if fails:
-            r.abort(index, version)
-            return Status.INTERNAL, "OSError: staging failed"
+            error = OSError("staging failed")
+            forwarded = plan.successor is not None
+            assert r.replica.staging_failed(plan, error, forwarded=forwarded) is None
+            return Status.INTERNAL, f"OSError: {error}"
         if failure is not None:
-            r.abort(index, version)
-            return failure, "successor failed"
+            r.replica.aborted(plan)
+            return failure.status, failure.message
         # what the chunk store stages: the whole chunk sent, or the range over the committed bytes
-        content = payload if full else written(r.data(index), req.offset, payload)
-        r.chunks[index] = (version, bytes(content))
-        if r.floors.get(index, 0) and r.floors[index] <= version:
-            del r.floors[index]
+        content = payload if plan.full else written(r.data(index), req.offset, payload)
+        r.chunks[index] = (plan.version, bytes(content))
+        r.replica.committed(plan)
         return Status.OK, ""
 
     # truncation ---------------------------------------------------------------
@@ -219,7 +211,7 @@ class Model:
         test_truncate_after_an_aborted_update_keeps_replicas_equal (test_dataserver.py).
         """
         head, *rest = self.write_chain()
-        return all(r.chunks == head.chunks and r.floors == head.floors for r in rest)
+        return all(r.chunks == head.chunks and r.floors() == head.floors() for r in rest)
 
     def truncate(self, length: int, stripe: int, position: int) -> None:
         """The file cut to ``length``: each replica of the write chain in turn, as the data server."""
@@ -243,7 +235,7 @@ class Model:
             assert role.kind == (rp.WriteKind.CLIENT if r is head else rp.WriteKind.FORWARDED)
             chunks = sorted((i, len(data)) for i, (_, data) in r.chunks.items())
             for step in rp.plan_truncate(chunks, length, CS, stripe, position):
-                version = rp.next_version(r.meta(step.index), r.floors.get(step.index, 0))
+                version = r.replica.truncation_version(r.key(step.index), r.meta(step.index))
                 version_before, data = r.chunks[step.index]
                 assert version > version_before
                 if r is head:
@@ -314,7 +306,7 @@ class Model:
         assert rp.check_read(view, [r.target_id], req) is None
         plan = rp.plan_read(r.meta(index), offset, length, BLOCK)
         if index not in r.chunks:
-            assert isinstance(plan, rp.Reject) and plan.status == Status.NOT_FOUND
+            assert isinstance(plan, wire.ChunkNotFound)
             return
         version, data = r.chunks[index]
         assert isinstance(plan, rp.ReadPlan), plan
