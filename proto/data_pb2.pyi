@@ -1,6 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -44,7 +45,7 @@ class ChunkReadResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., chunk_length: _Optional[int] = ..., data_offset: _Optional[int] = ..., skip: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ...) -> None: ...
 
 class ChunkWriteRequest(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "target_id", "chunk", "offset", "chunk_size", "client_id", "request_id", "update_version", "full_chunk", "base_version", "sync")
+    __slots__ = ("chain_id", "chain_version", "target_id", "chunk", "offset", "chunk_size", "client_id", "request_id", "update_version", "full_chunk", "base_version", "sync", "replace")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +58,7 @@ class ChunkWriteRequest(_message.Message):
     FULL_CHUNK_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     target_id: int
@@ -69,7 +71,8 @@ class ChunkWriteRequest(_message.Message):
     full_chunk: bool
     base_version: int
     sync: bool
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., offset: _Optional[int] = ..., chunk_size: _Optional[int] = ..., client_id: _Optional[str] = ..., request_id: _Optional[int] = ..., update_version: _Optional[int] = ..., full_chunk: _Optional[bool] = ..., base_version: _Optional[int] = ..., sync: _Optional[bool] = ...) -> None: ...
+    replace: bool
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., chunk: _Optional[_Union[ChunkId, _Mapping]] = ..., offset: _Optional[int] = ..., chunk_size: _Optional[int] = ..., client_id: _Optional[str] = ..., request_id: _Optional[int] = ..., update_version: _Optional[int] = ..., full_chunk: _Optional[bool] = ..., base_version: _Optional[int] = ..., sync: _Optional[bool] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class ChunkWriteResponse(_message.Message):
     __slots__ = ("version", "chunk_length")
@@ -79,8 +82,20 @@ class ChunkWriteResponse(_message.Message):
     chunk_length: int
     def __init__(self, version: _Optional[int] = ..., chunk_length: _Optional[int] = ...) -> None: ...
 
+class TruncateStep(_message.Message):
+    __slots__ = ("index", "length", "version", "base_version")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    length: int
+    version: int
+    base_version: int
+    def __init__(self, index: _Optional[int] = ..., length: _Optional[int] = ..., version: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
+
 class ChunkTruncateRequest(_message.Message):
-    __slots__ = ("chain_id", "chain_version", "target_id", "inode", "length", "chunk_size", "stripe", "stripe_position", "client_id", "request_id")
+    __slots__ = ("chain_id", "chain_version", "target_id", "inode", "length", "chunk_size", "stripe", "stripe_position", "client_id", "request_id", "steps")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +106,7 @@ class ChunkTruncateRequest(_message.Message):
     STRIPE_POSITION_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     chain_version: int
     target_id: int
@@ -101,7 +117,8 @@ class ChunkTruncateRequest(_message.Message):
     stripe_position: int
     client_id: str
     request_id: int
-    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., stripe: _Optional[int] = ..., stripe_position: _Optional[int] = ..., client_id: _Optional[str] = ..., request_id: _Optional[int] = ...) -> None: ...
+    steps: _containers.RepeatedCompositeFieldContainer[TruncateStep]
+    def __init__(self, chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ..., target_id: _Optional[int] = ..., inode: _Optional[int] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., stripe: _Optional[int] = ..., stripe_position: _Optional[int] = ..., client_id: _Optional[str] = ..., request_id: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[TruncateStep, _Mapping]]] = ...) -> None: ...
 
 class ChunkTruncateResponse(_message.Message):
     __slots__ = ("chunks",)

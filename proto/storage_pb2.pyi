@@ -48,14 +48,16 @@ class ListChunksResponse(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[ChunkMeta, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class RemoveChunksRequest(_message.Message):
-    __slots__ = ("target_id", "inode", "indices")
+    __slots__ = ("target_id", "inode", "indices", "versions")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     inode: int
     indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, target_id: _Optional[int] = ..., inode: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, target_id: _Optional[int] = ..., inode: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RemoveChunksResponse(_message.Message):
     __slots__ = ("removed",)

@@ -35,6 +35,7 @@ from emberfs.proto import data_pb2
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.forwarding import Successors
 from emberfs.storageserver.replica import Replica, WritePlan, written
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class DataServer:
             stall_check=stall_check,
         )
         self.replica = Replica()
+        self._successors = Successors(self._pool, self.replica, on_stale)
         self._io: dict[int, list[int]] = {}  # target id -> [bytes read, bytes written]
         self._io_lock = threading.Lock()
         self._conns: set[_Conn] = set()
@@ -399,7 +401,7 @@ class DataServer:
         """
         req = plan.req
         inode, index = req.chunk.inode, req.chunk.index
-        forward = self._forward(store, plan, data, frame) if plan.successor else None
+        forward = self._successors.send(store, plan, data, frame) if plan.successor else None
         try:
             # the frame's block CRCs were verified against the data on arrival
             crcs = list(frame.crcs) if frame.header.block_size == store.block_size else None
@@ -421,7 +423,9 @@ class DataServer:
                 raise
             return refusal
         try:
-            refusal = self._await_successor(store, plan, data, frame, forward) if forward else None
+            refusal = (
+                self._successors.await_write(store, plan, data, frame, forward) if forward else None
+            )
         except BaseException:
             store.abort(inode, index, plan.version)
             self.replica.aborted(plan)
@@ -434,62 +438,6 @@ class DataServer:
         self.replica.committed(plan)
         self._count(req.target_id, written=len(data))
         return written(meta)
-
-    def _forward(
-        self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
-    ) -> wire.Call:
-        """Send ``plan`` to the successor: the received range, or the whole new chunk."""
-        req = plan.req
-        if plan.send_full and not plan.full:
-            base = b""
-            if plan.base_version:
-                base, _ = store.read_committed(req.chunk.inode, req.chunk.index)
-            payload = rp.overlay(base, req.offset, data)
-            block_size, crcs = store.block_size, None
-        else:
-            payload = data
-            block_size = frame.header.block_size or store.block_size
-            crcs = list(frame.crcs) if frame.data is not None else None
-        return wire.Call(
-            self._pool,
-            plan.successor.data_address,
-            Op.WRITE,
-            plan.forward().SerializeToString(),
-            payload if len(payload) else None,
-            block_size=block_size,
-            crcs=crcs,
-        )
-
-    def _reply(self, exchange: wire.Call) -> tuple[int, str]:
-        """A successor's answer as (status, message); a failed exchange is NOT_SERVING."""
-        try:
-            exchange.result()
-        except wire.Refused as exc:
-            status, message = exc.status, exc.message
-        except (OSError, framing.FrameError) as exc:
-            status, message = Status.NOT_SERVING, f"{exchange.address}: {exc}"
-        else:
-            status, message = Status.OK, ""
-        return status, message
-
-    def _await_successor(
-        self,
-        store: ChunkStore,
-        plan: WritePlan,
-        data: memoryview,
-        frame: framing.Frame,
-        forward: wire.Call,
-    ) -> wire.Refused | None:
-        """None once the successor holds ``plan``, else the refusal to answer upstream."""
-        while True:
-            status, message = self._reply(forward)
-            metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
-            if status == Status.STALE_CHAIN and self._on_stale is not None:
-                self._on_stale()
-            step = self.replica.successor_answered(plan, status, message)
-            if step != rp.Reply.RESEND_FULL:
-                return step
-            forward = self._forward(store, plan, data, frame)
 
     # ------------------------------------------------------------------ truncation
 
@@ -511,32 +459,56 @@ class DataServer:
     def _cut(
         self, store: ChunkStore, req: data_pb2.ChunkTruncateRequest, role: rp.WriteRole
     ) -> wire.Refused | data_pb2.ChunkTruncateResponse:
-        """Cut the inode's chunks here, then have the successor do the same (inode held)."""
-        chunks: list[tuple[int, int]] = []
+        """Cut the inode's chunks as a chain update (the inode is held alone).
+
+        The head plans and numbers the cuts; every replica stages them, has its
+        successor apply the same steps, then commits (or aborts, so a failed
+        truncation leaves no replica cut that its predecessor is not).
+        """
+        if role.kind == rp.WriteKind.CLIENT:
+            steps = self.replica.plan_cut(req, self._chunks(store, req.inode))
+            forward = steps
+        else:
+            steps = self.replica.forwarded_cut(req, lambda i: store.meta(req.inode, i))
+            if isinstance(steps, wire.Refused):
+                return steps
+            forward = list(req.steps)
+        staged: list[data_pb2.TruncateStep] = []
+        with contextlib.ExitStack() as held:
+            try:
+                for step in sorted(steps, key=lambda st: st.index):
+                    held.enter_context(self.replica.chunk(req.target_id, req.inode, step.index))
+                    store.stage_truncate(req.inode, step.index, step.version, step.length)
+                    staged.append(step)
+                refusal = (
+                    self._successors.truncate(store, req, role, forward) if role.successor else None
+                )
+            except BaseException:
+                self._abort_cut(store, req, staged)
+                raise
+            if refusal is not None:
+                self._abort_cut(store, req, staged)
+                return refusal
+            for step in staged:
+                store.commit(req.inode, step.index, step.version)
+            self.replica.cut_committed(req, staged)
+        return data_pb2.ChunkTruncateResponse(chunks=len(staged))
+
+    @staticmethod
+    def _chunks(store: ChunkStore, inode: int) -> list:
+        """The metadata of every chunk of ``inode`` on ``store``."""
+        chunks: list = []
         after = None
         while True:
-            page = store.list(inode=req.inode, after=after, limit=1000)
-            chunks.extend((m.index, m.length) for m in page)
+            page = store.list(inode=inode, after=after, limit=1000)
+            chunks.extend(page)
             if len(page) < 1000:
-                break
+                return chunks
             after = (page[-1].inode, page[-1].index)
-        steps = rp.plan_truncate(
-            chunks, req.length, req.chunk_size, req.stripe, req.stripe_position
-        )
-        for step in steps:
-            key = (req.target_id, req.inode, step.index)
-            with self.replica.chunk(*key):
-                version = self.replica.truncation_version(key, store.meta(req.inode, step.index))
-                store.stage_truncate(req.inode, step.index, version, step.length)
-                store.commit(req.inode, step.index, version)
-        if role.successor is not None:
-            fwd = rp.forward_truncate(req, role.successor)
-            status, message = self._reply(
-                wire.Call(
-                    self._pool, role.successor.data_address, Op.TRUNCATE, fwd.SerializeToString()
-                )
-            )
-            refusal = self.replica.truncation_answered(role, status, message)
-            if refusal is not None:
-                return refusal
-        return data_pb2.ChunkTruncateResponse(chunks=len(steps))
+
+    def _abort_cut(
+        self, store: ChunkStore, req: data_pb2.ChunkTruncateRequest, staged: list
+    ) -> None:
+        for step in staged:
+            store.abort(req.inode, step.index, step.version)
+        self.replica.cut_aborted(req, staged)

@@ -282,6 +282,13 @@ class Replica:
         with self._floors_lock:
             self._floors[key] = max(version, self._floors.get(key, 0))
 
+    def _clear_floor(self, key: ChunkKey, version: int) -> None:
+        """Version ``version`` committed: a floor at or below it is passed."""
+        with self._floors_lock:
+            floor = self._floors.get(key, 0)
+            if floor and floor <= version:
+                del self._floors[key]
+
     def plan_write(
         self, req: data_pb2.ChunkWriteRequest, role: rp.WriteRole, meta
     ) -> WritePlan | wire.Refused | data_pb2.ChunkWriteResponse:
@@ -349,19 +356,83 @@ class Replica:
 
     def committed(self, plan: WritePlan) -> None:
         """``plan`` committed: a floor it reached is behind the chunk's version now."""
-        with self._floors_lock:
-            floor = self._floors.get(plan.key, 0)
-            if floor and floor <= plan.version:
-                del self._floors[plan.key]
+        self._clear_floor(plan.key, plan.version)
 
-    def truncation_version(self, key: ChunkKey, meta) -> int:
-        """The version a truncation cuts the chunk ``key`` at (held under its chunk lock)."""
-        return rp.next_version(meta, self.floor(key))
+    # truncations -----------------------------------------------------------------
+
+    def plan_cut(
+        self, req: data_pb2.ChunkTruncateRequest, chunks: list
+    ) -> list[data_pb2.TruncateStep]:
+        """The head's truncation: one step per chunk to cut, numbered above its floor.
+
+        ``chunks`` are the metadata of the inode's chunks on this target.
+        """
+        metas = {m.index: m for m in chunks}
+        steps = []
+        cuts = rp.plan_truncate(
+            [(m.index, m.length) for m in chunks],
+            req.length,
+            req.chunk_size,
+            req.stripe,
+            req.stripe_position,
+        )
+        for cut in cuts:
+            meta = metas[cut.index]
+            key = (req.target_id, req.inode, cut.index)
+            steps.append(
+                data_pb2.TruncateStep(
+                    index=cut.index,
+                    length=cut.length,
+                    version=rp.next_version(meta, self.floor(key)),
+                    base_version=rp.committed_version(meta),
+                )
+            )
+        return steps
 
     @staticmethod
-    def truncation_answered(role: rp.WriteRole, status: int, message: str) -> wire.Refused | None:
-        """The successor answered a forwarded truncation: None when it holds it, else the refusal."""
-        outcome, upstream = rp.interpret_reply(status, message, True)
+    def forwarded_cut(
+        req: data_pb2.ChunkTruncateRequest, meta_of: Callable[[int], Any]
+    ) -> list[data_pb2.TruncateStep] | wire.Refused:
+        """The steps of a forwarded truncation this replica applies, or NEED_FULL_CHUNK.
+
+        Steps it holds already are left out; when any chunk is not at the step's
+        base version, nothing is applied and the predecessor is asked for the
+        cut chunks whole.
+        """
+        apply = []
+        for step in req.steps:
+            action = rp.plan_forwarded_cut(meta_of(step.index), step)
+            if action == rp.Apply.NEED_FULL:
+                return wire.NotCommitted(rp.NEED_FULL_CHUNK)
+            if action == rp.Apply.PARTIAL:
+                apply.append(step)
+        return apply
+
+    def cut_answered(
+        self, role: rp.WriteRole, status: int, message: str, sent_full: bool
+    ) -> wire.Refused | None | str:
+        """The successor answered a forwarded truncation.
+
+        None when it holds it, :data:`replication.Reply.RESEND_FULL` when it
+        needs the cut chunks whole first (once), else the refusal to answer upstream.
+        """
+        outcome, upstream = rp.interpret_reply(status, message, sent_full)
         if outcome == rp.Reply.OK:
             return None
+        if outcome == rp.Reply.RESEND_FULL:
+            return rp.Reply.RESEND_FULL
         return rp.upstream_refusal(role.successor, upstream, status, message)
+
+    def cut_aborted(
+        self, req: data_pb2.ChunkTruncateRequest, steps: list[data_pb2.TruncateStep]
+    ) -> None:
+        """Staged cuts were aborted; their versions may live on downstream."""
+        for step in steps:
+            self._raise_floor((req.target_id, req.inode, step.index), step.version)
+
+    def cut_committed(
+        self, req: data_pb2.ChunkTruncateRequest, steps: list[data_pb2.TruncateStep]
+    ) -> None:
+        """Cuts committed: floors they reached are behind the chunks' versions now."""
+        for step in steps:
+            self._clear_floor((req.target_id, req.inode, step.index), step.version)

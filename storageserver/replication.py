@@ -392,13 +392,54 @@ def plan_truncate(
     return steps
 
 
+def plan_forwarded_cut(meta: ChunkMetaLike | None, step: data_pb2.TruncateStep) -> str:
+    """How a replica applies one step of a forwarded truncation (one of :class:`Apply`).
+
+    ``ALREADY`` when its committed version is the step's or newer, ``PARTIAL``
+    (cut its committed content) when that version is the step's base, else
+    ``NEED_FULL``: its content is not the head's, so the head sends the cut
+    chunk whole before the truncation comes again.
+    """
+    committed = committed_version(meta)
+    if step.version <= committed:
+        return Apply.ALREADY
+    if step.base_version == committed:
+        return Apply.PARTIAL
+    return Apply.NEED_FULL
+
+
 def forward_truncate(
-    req: data_pb2.ChunkTruncateRequest, successor: TargetView
+    req: data_pb2.ChunkTruncateRequest,
+    successor: TargetView,
+    steps: Iterable[data_pb2.TruncateStep],
 ) -> data_pb2.ChunkTruncateRequest:
+    """The truncation a replica sends its successor: the head's ``steps``, numbered by it."""
     out = data_pb2.ChunkTruncateRequest()
     out.CopyFrom(req)
     out.target_id = successor.target_id
+    del out.steps[:]
+    out.steps.extend(steps)
     return out
+
+
+def cut_chunk_request(
+    req: data_pb2.ChunkTruncateRequest,
+    successor: TargetView,
+    chain_version: int,
+    step: data_pb2.TruncateStep,
+) -> data_pb2.ChunkWriteRequest:
+    """A forwarded full-chunk write that gives a successor the cut content of ``step``."""
+    return data_pb2.ChunkWriteRequest(
+        chain_id=req.chain_id,
+        chain_version=chain_version,
+        target_id=successor.target_id,
+        chunk=data_pb2.ChunkId(inode=req.inode, index=step.index),
+        offset=0,
+        chunk_size=req.chunk_size,
+        update_version=step.version,
+        base_version=step.base_version,
+        full_chunk=True,
+    )
 
 
 # ----------------------------------------------------------------------------

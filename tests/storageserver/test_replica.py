@@ -151,16 +151,60 @@ def test_successor_answers():
     assert isinstance(again, wire.NotServing) and "successor target 2" in again.message
     stale = replica.successor_answered(plan, Status.STALE_CHAIN, "old")
     assert isinstance(stale, wire.StaleChain) and stale.retryable
-    cut = Replica.truncation_answered(role(), Status.INTERNAL, "boom")
+    cut = replica.cut_answered(role(), Status.INTERNAL, "boom", sent_full=False)
     assert isinstance(cut, wire.NotServing)
-    assert Replica.truncation_answered(role(), Status.OK, "") is None
+    assert replica.cut_answered(role(), Status.OK, "", sent_full=False) is None
+    need = (Status.NOT_COMMITTED, rp.NEED_FULL_CHUNK)
+    assert replica.cut_answered(role(), *need, sent_full=False) == rp.Reply.RESEND_FULL
+    assert isinstance(replica.cut_answered(role(), *need, sent_full=True), wire.NotServing)
 
 
-def test_truncation_versions_respect_the_floor():
+@dataclass
+class ChunkMeta(Meta):
+    index: int = 0
+
+
+def truncation(length, steps=()):
+    return data_pb2.ChunkTruncateRequest(
+        chain_id=1,
+        target_id=1,
+        inode=5,
+        length=length,
+        chunk_size=CS,
+        stripe=1,
+        stripe_position=0,
+        steps=list(steps),
+    )
+
+
+def test_the_head_numbers_its_cuts_above_the_floor():
     replica = Replica()
-    plan = replica.plan_write(wreq(), role(), Meta(version=2))
-    replica.aborted(plan)
-    assert replica.truncation_version(plan.key, Meta(version=2)) == 4
+    plan = replica.plan_write(wreq(), role(), Meta(version=2))  # chunk 3
+    replica.aborted(plan)  # floor 3
+    chunks = [ChunkMeta(version=2, length=CS, index=3), ChunkMeta(version=6, length=CS, index=4)]
+    steps = replica.plan_cut(truncation(3 * CS + 100), chunks)
+    assert [(s.index, s.length, s.version, s.base_version) for s in steps] == [
+        (3, 100, 4, 2),
+        (4, 0, 7, 6),
+    ]
+    assert replica.plan_cut(truncation(5 * CS), chunks) == []  # nothing past the end
+    replica.cut_committed(truncation(0), steps[:1])
+    assert replica.floor(plan.key) == 0
+    replica.cut_aborted(truncation(0), steps)
+    assert replica.floor((1, 5, 4)) == 7
+
+
+def test_a_forwarded_cut_applies_the_heads_steps_or_asks_for_the_chunks():
+    steps = [
+        data_pb2.TruncateStep(index=0, length=10, version=5, base_version=4),
+        data_pb2.TruncateStep(index=1, length=0, version=3, base_version=2),
+    ]
+    metas = {0: Meta(version=4), 1: Meta(version=3)}  # chunk 1 holds the cut already
+    applied = Replica.forwarded_cut(truncation(10, steps), metas.get)
+    assert [s.index for s in applied] == [0]
+    metas[0] = Meta(version=3)  # not the head's base: its content is not the head's
+    need = Replica.forwarded_cut(truncation(10, steps), metas.get)
+    assert isinstance(need, wire.NotCommitted) and need.message == rp.NEED_FULL_CHUNK
 
 
 # locks --------------------------------------------------------------------

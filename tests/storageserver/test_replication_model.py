@@ -8,7 +8,9 @@ version, full chunks where a successor asks for them or syncs), writes that a
 replica fails to stage after it forwarded them (so its successors commit a
 version that it and its predecessors abort), updates sent to a successor twice,
 replicas that go offline and come back syncing, resyncs, truncations of the file
-(while the write chain agrees, see :meth:`Model.settled`) and block-widened reads.
+(numbered by the head, applied by every replica as the head's steps, the cut
+chunks sent whole to a replica whose content is not the head's) and
+block-widened reads.
 
 The model knows the bytes of every version the head ever gave out (its committed
 bytes with the update on top, computed here independently). After every step every
@@ -70,11 +72,14 @@ class Copy:
     def floors(self) -> dict[int, int]:
         return {i: f for i in range(N_INDEXES) if (f := self.replica.floor(self.key(i)))}
 
-    def meta(self, index: int) -> Meta | None:
+    def meta(self, index: int, with_index: bool = False) -> Meta | None:
         if index not in self.chunks:
             return None
         version, data = self.chunks[index]
-        return Meta(version, 0, len(data), [0] * -(-len(data) // BLOCK))
+        meta = Meta(version, 0, len(data), [0] * -(-len(data) // BLOCK))
+        if with_index:
+            meta.index = index
+        return meta
 
     def data(self, index: int) -> bytes:
         return self.chunks.get(index, (0, b""))[1]
@@ -203,19 +208,8 @@ class Model:
         return Status.OK, ""
 
     # truncation ---------------------------------------------------------------
-    def settled(self) -> bool:
-        """Whether every replica of the write chain holds the head's chunks and version floors.
-
-        Each replica numbers the versions of its truncation itself (``next_version`` over
-        its own chunk and floor), so only then do they cut alike: see
-        test_truncate_after_an_aborted_update_keeps_replicas_equal (test_dataserver.py).
-        """
-        head, *rest = self.write_chain()
-        return all(r.chunks == head.chunks and r.floors() == head.floors() for r in rest)
-
     def truncate(self, length: int, stripe: int, position: int) -> None:
-        """The file cut to ``length``: each replica of the write chain in turn, as the data server."""
-        view = self.view()
+        """The file cut to ``length``: a chain update from the head, as the data server's ``_cut``."""
         chain = self.write_chain()
         head = chain[0]
         before = dict(head.chunks)
@@ -229,20 +223,8 @@ class Model:
             stripe=stripe,
             stripe_position=position,
         )
-        for r in chain:
-            role = rp.check_truncate(view, [r.target_id], req)
-            assert isinstance(role, rp.WriteRole), role
-            assert role.kind == (rp.WriteKind.CLIENT if r is head else rp.WriteKind.FORWARDED)
-            chunks = sorted((i, len(data)) for i, (_, data) in r.chunks.items())
-            for step in rp.plan_truncate(chunks, length, CS, stripe, position):
-                version = r.replica.truncation_version(r.key(step.index), r.meta(step.index))
-                version_before, data = r.chunks[step.index]
-                assert version > version_before
-                if r is head:
-                    self.assign(step.index, version, data[: step.length])
-                r.chunks[step.index] = (version, data[: step.length])
-            if role.successor is not None:
-                req = rp.forward_truncate(req, role.successor)
+        status, message = self._cut(self.view(), req)
+        assert status == Status.OK, (status, message)  # no fault is injected into a truncation
         for i, (_, data) in head.chunks.items():
             if i % stripe == position:
                 assert len(data) <= max(0, length - i * CS), (i, length)
@@ -250,8 +232,47 @@ class Model:
                     assert head.chunks[i] == before[i]  # nothing to cut: left alone
             else:
                 assert head.chunks[i] == before[i]  # other chains' chunks
-        for r in chain:
-            assert r.chunks == head.chunks, r
+        for i in head.chunks:  # every chunk the head cut is the head's on every replica
+            if head.chunks[i] != before[i]:
+                for r in chain:
+                    assert r.chunks.get(i) == head.chunks[i], (r.target_id, i)
+
+    def _cut(self, view: RoutingView, req) -> tuple[int, str]:
+        """One replica's handling of a truncation: plan or apply the steps, forward, commit."""
+        r = self.replicas[req.target_id]
+        role = rp.check_truncate(view, [r.target_id], req)
+        assert isinstance(role, rp.WriteRole), role
+        if role.kind == rp.WriteKind.CLIENT:
+            chunks = [r.meta(i, with_index=True) for i in sorted(r.chunks)]
+            steps = forward = r.replica.plan_cut(req, chunks)
+            for step in steps:
+                assert step.version > r.chunks[step.index][0]
+                self.assign(step.index, step.version, r.data(step.index)[: step.length])
+        else:
+            steps = r.replica.forwarded_cut(req, r.meta)
+            if isinstance(steps, wire.Refused):
+                return steps.status, steps.message
+            forward = list(req.steps)
+        if role.successor is not None:
+            fwd = rp.forward_truncate(req, role.successor, forward)
+            sent_full = False
+            while True:
+                status, message = self._cut(view, fwd)
+                step = r.replica.cut_answered(role, status, message, sent_full)
+                if step != rp.Reply.RESEND_FULL:
+                    break
+                sent_full = True
+                for cut in forward:  # the successor's content is not ours: send the cuts whole
+                    whole = rp.cut_chunk_request(req, role.successor, role.chain_version, cut)
+                    data = r.data(cut.index)[: cut.length]
+                    assert self._apply(view, whole, data, None) == (Status.OK, "")
+            if step is not None:
+                r.replica.cut_aborted(req, steps)
+                return step.status, step.message
+        for step in steps:
+            r.chunks[step.index] = (step.version, r.data(step.index)[: step.length])
+        r.replica.cut_committed(req, steps)
+        return Status.OK, ""
 
     # membership ---------------------------------------------------------------
     def offline(self, k: int) -> None:
@@ -402,8 +423,7 @@ def run(model: Model, program) -> None:
             model.write(index, offset, data, fault)
         elif kind == "truncate":
             _, length, (stripe, position) = step
-            if model.settled():
-                model.truncate(length, stripe, position)
+            model.truncate(length, stripe, position)
         elif kind == "offline":
             model.offline(step[1])
         elif kind == "rejoin":

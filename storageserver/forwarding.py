@@ -1,0 +1,158 @@
+"""Sending updates down the chain: forwarded writes and truncations, and their answers.
+
+A replica that is not its chain's tail hands every update it takes to its
+successor before committing it. :class:`Successors` does that talking for the
+data server: it sends a write's range, or the whole new chunk when the
+successor asks for it or is syncing; it sends a truncation's steps, and the cut
+chunks whole to a successor whose content is not this replica's; and it turns
+each answer into ``(status, message)`` for the replica's decisions
+(:class:`~emberfs.storageserver.replica.Replica`), a failed exchange being
+NOT_SERVING. Every exchange goes through :mod:`emberfs.common.wire`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from emberfs.common import framing, wire
+from emberfs.common.framing import Op, Status
+from emberfs.proto import data_pb2
+from emberfs.storageserver import metrics
+from emberfs.storageserver import replication as rp
+from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.replica import Replica, WritePlan
+
+
+class Successors:
+    """The successor side of a node's chain updates.
+
+    Parameters
+    ----------
+    pool : wire.ConnectionPool
+        Connections to the other storage servers.
+    replica : Replica
+        The node's replication state, which decides what each answer leads to.
+    on_stale : callable, optional
+        Called when a successor answers STALE_CHAIN to a forwarded write (the
+        node's routing may be old).
+    """
+
+    def __init__(
+        self,
+        pool: wire.ConnectionPool,
+        replica: Replica,
+        on_stale: Callable[[], None] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._replica = replica
+        self._on_stale = on_stale
+
+    @staticmethod
+    def answer(exchange: wire.Call) -> tuple[int, str]:
+        """A successor's answer as (status, message); a failed exchange is NOT_SERVING."""
+        try:
+            exchange.result()
+        except wire.Refused as exc:
+            return exc.status, exc.message
+        except (OSError, framing.FrameError) as exc:
+            return Status.NOT_SERVING, f"{exchange.address}: {exc}"
+        return Status.OK, ""
+
+    # writes --------------------------------------------------------------------
+
+    def send(
+        self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
+    ) -> wire.Call:
+        """Send ``plan`` to the successor now: the received range, or the whole new chunk."""
+        req = plan.req
+        if plan.send_full and not plan.full:
+            base = b""
+            if plan.base_version:
+                base, _ = store.read_committed(req.chunk.inode, req.chunk.index)
+            payload = rp.overlay(base, req.offset, data)
+            block_size, crcs = store.block_size, None
+        else:
+            payload = data
+            block_size = frame.header.block_size or store.block_size
+            crcs = list(frame.crcs) if frame.data is not None else None
+        return wire.Call(
+            self._pool,
+            plan.successor.data_address,
+            Op.WRITE,
+            plan.forward().SerializeToString(),
+            payload if len(payload) else None,
+            block_size=block_size,
+            crcs=crcs,
+        )
+
+    def await_write(
+        self,
+        store: ChunkStore,
+        plan: WritePlan,
+        data: memoryview,
+        frame: framing.Frame,
+        forward: wire.Call,
+    ) -> wire.Refused | None:
+        """None once the successor holds ``plan``, else the refusal to answer upstream."""
+        while True:
+            status, message = self.answer(forward)
+            metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
+            if status == Status.STALE_CHAIN and self._on_stale is not None:
+                self._on_stale()
+            step = self._replica.successor_answered(plan, status, message)
+            if step != rp.Reply.RESEND_FULL:
+                return step
+            forward = self.send(store, plan, data, frame)
+
+    # truncations ---------------------------------------------------------------
+
+    def truncate(
+        self,
+        store: ChunkStore,
+        req: data_pb2.ChunkTruncateRequest,
+        role: rp.WriteRole,
+        steps: list[data_pb2.TruncateStep],
+    ) -> wire.Refused | None:
+        """Have the successor apply the head's ``steps``; None once it holds them."""
+        fwd = rp.forward_truncate(req, role.successor, steps).SerializeToString()
+        sent_full = False
+        while True:
+            status, message = self.answer(
+                wire.Call(self._pool, role.successor.data_address, Op.TRUNCATE, fwd)
+            )
+            step = self._replica.cut_answered(role, status, message, sent_full)
+            if step != rp.Reply.RESEND_FULL:
+                return step
+            sent_full = True
+            refusal = self._send_cut_chunks(store, req, role, steps)
+            if refusal is not None:
+                return refusal
+
+    def _send_cut_chunks(
+        self,
+        store: ChunkStore,
+        req: data_pb2.ChunkTruncateRequest,
+        role: rp.WriteRole,
+        steps: list[data_pb2.TruncateStep],
+    ) -> wire.Refused | None:
+        """Give the successor every cut chunk whole (its content was not this replica's)."""
+        for step in steps:
+            try:
+                content, _ = store.read_committed(req.inode, step.index, 0, step.length)
+            except KeyError:
+                content = b""
+            fwd = rp.cut_chunk_request(req, role.successor, role.chain_version, step)
+            status, message = self.answer(
+                wire.Call(
+                    self._pool,
+                    role.successor.data_address,
+                    Op.WRITE,
+                    fwd.SerializeToString(),
+                    content if content else None,
+                    block_size=store.block_size,
+                )
+            )
+            refusal = self._replica.cut_answered(role, status, message, sent_full=True)
+            if refusal is not None:
+                return refusal
+        return None
