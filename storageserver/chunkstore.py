@@ -391,14 +391,16 @@ class ChunkStore:
                 self._count -= 1
         self._files.retire(garbage)
 
-    def install(self, inode: int, index: int, version: int, data) -> bool:
+    def install(self, inode: int, index: int, version: int, data, *, replace: bool = False) -> bool:
         """Make ``data`` the committed content at ``version`` (a resync copy).
 
         Applies when ``version`` is newer than the local committed version, or
         equal to it with other content (a resync source is a serving replica and
         so the authority on what a committed version holds; a replica can only
-        disagree after a write it once committed was given up). A pending
-        version not newer than ``version`` is dropped, a newer one kept.
+        disagree after a write it once committed was given up). With
+        ``replace`` it applies whatever this replica holds: the source found it
+        ahead (a version its predecessor gave up) while holding the chunk. A
+        pending version not newer than ``version`` is dropped, a newer one kept.
 
         Returns
         -------
@@ -414,6 +416,12 @@ class ChunkStore:
         checksum = framing.combine_crcs(crcs, self.block_size, len(view))
 
         def stale(rec: ChunkRecord | None) -> bool:
+            if replace:
+                return rec is not None and (rec.c_version, rec.c_len, rec.c_sum) == (
+                    version,
+                    len(view),
+                    checksum,
+                )
             if rec is None or rec.c_version < version:
                 return False
             return rec.c_version > version or (rec.c_len, rec.c_sum) == (len(view), checksum)
@@ -435,7 +443,7 @@ class ChunkStore:
                     garbage.append(
                         (self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len)
                     )
-                if rec.p_version and rec.p_version <= version:
+                if rec.p_version and (replace or rec.p_version <= version):
                     garbage.append(
                         (self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)
                     )
@@ -447,12 +455,18 @@ class ChunkStore:
         self._files.retire(garbage)
         return applied
 
-    def remove(self, inode: int, index: int) -> bool:
-        """Remove a chunk (every version); returns whether it existed."""
+    def remove(self, inode: int, index: int, version: int | None = None) -> bool:
+        """Remove a chunk (every version); returns whether it was removed.
+
+        With ``version`` only while that is still its committed version and no
+        other is pending (a chunk written since it was looked at stays).
+        """
         _check_chunk(inode, index)
         with self._lock:
             rec = self._records.get(inode, index)
             if rec is None:
+                return False
+            if version is not None and (rec.c_version != version or rec.p_version):
                 return False
             self._records.delete(inode, index)
             self._count -= 1
@@ -464,10 +478,17 @@ class ChunkStore:
         self._files.retire(garbage)
         return True
 
-    def remove_inode(self, inode: int, indices: Iterable[int] | None = None) -> int:
+    def remove_inode(
+        self,
+        inode: int,
+        indices: Iterable[int] | None = None,
+        versions: Iterable[int] | None = None,
+    ) -> int:
         """Remove the given chunks of ``inode`` (all of them when ``indices`` is None).
 
-        Returns the number of chunks removed.
+        ``versions``, one per index, removes each chunk only while it is still
+        at that committed version (see :meth:`remove`). Returns the number of
+        chunks removed.
         """
         _check_chunk(inode, 0)
         if indices is None:
@@ -476,7 +497,14 @@ class ChunkStore:
             wanted = list(indices)
             for index in wanted:
                 _check_chunk(inode, index)
-        removed = sum(1 for index in wanted if self.remove(inode, index))
+        expected = list(versions) if versions is not None else [None] * len(wanted)
+        if len(expected) != len(wanted):
+            raise ValueError("versions must name one version per index")
+        removed = sum(
+            1
+            for index, version in zip(wanted, expected, strict=True)
+            if self.remove(inode, index, version)
+        )
         if indices is None:
             self._files.remove_inode_dir(inode)
         return removed

@@ -377,19 +377,38 @@ class DataServer:
             return
         store = stores[req.target_id]
         inode, index = req.chunk.inode, req.chunk.index
-        key = self.replica.write_key(req, role)
         with self.replica.updating(req.target_id, inode, index):
-            result = self.replica.answered(key)
-            if result is None and role.kind == rp.WriteKind.SYNC:
-                if store.install(inode, index, req.update_version, data):
-                    metrics.count_written(req.target_id, len(data))
-                result = written(store.meta(inode, index))
-            elif result is None:
-                result = self.replica.plan_write(req, role, store.meta(inode, index))
-                if isinstance(result, WritePlan):
-                    result = self._replicate(store, result, data, frame)
-                self.replica.answer(key, result)
+            # The chain may have changed while the write waited for the chunk: a write
+            # accepted under an older version could otherwise commit here after a resync
+            # of a returning replica copied this chunk without it.
+            role = rp.check_write(self._routing(), stores.keys(), req, len(data))
+            result = self._update(store, req, role, data, frame)
         self._answer(conn, Op.WRITE, result)
+
+    def _update(
+        self,
+        store: ChunkStore,
+        req: data_pb2.ChunkWriteRequest,
+        role: rp.WriteRole | wire.Refused,
+        data: memoryview,
+        frame: framing.Frame,
+    ) -> wire.Refused | data_pb2.ChunkWriteResponse:
+        """The answer to an accepted write (the chunk is held): kept, installed or replicated."""
+        if isinstance(role, wire.Refused):
+            return role
+        inode, index = req.chunk.inode, req.chunk.index
+        if role.kind == rp.WriteKind.SYNC:
+            if store.install(inode, index, req.update_version, data, replace=req.replace):
+                metrics.count_written(req.target_id, len(data))
+            return written(store.meta(inode, index))
+        key = self.replica.write_key(req, role)
+        result = self.replica.answered(key)
+        if result is None:
+            result = self.replica.plan_write(req, role, store.meta(inode, index))
+            if isinstance(result, WritePlan):
+                result = self._replicate(store, result, data, frame)
+            self.replica.answer(key, result)
+        return result
 
     def _replicate(
         self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
@@ -448,9 +467,10 @@ class DataServer:
             self._error(conn, Op.TRUNCATE, role)
             return
         store = stores[req.target_id]
-        key = self.replica.truncate_key(req, role)
         with self.replica.truncating(req.target_id, req.inode):
-            result = self.replica.answered(key)
+            role = rp.check_truncate(self._routing(), stores.keys(), req)  # as for writes
+            key = self.replica.truncate_key(req, role) if isinstance(role, rp.WriteRole) else None
+            result = role if isinstance(role, wire.Refused) else self.replica.answered(key)
             if result is None:
                 result = self._cut(store, req, role)
                 self.replica.answer(key, result)

@@ -430,6 +430,7 @@ class Node:
             chain = self._view.chains.get(task.chain_id)
             return self._stop.is_set() or chain is None or chain.version != task.chain_version
 
+        replica = self._data.replica  # the chunk locks every local update takes
         chain_label = str(task.chain_id)
         metrics.RESYNC_RUNNING.labels(chain_label).set(1)
         try:
@@ -442,6 +443,7 @@ class Node:
                 successor_data_address=task.successor.data_address,
                 successor_grpc_address=task.successor.grpc_address,
                 should_stop=should_stop,
+                hold=lambda inode, index: replica.chunk(task.target_id, inode, index),
             )
             resp = self._cluster.SyncDone(
                 cluster_pb2.SyncDoneRequest(

@@ -189,6 +189,8 @@ def check_write(
             return wire.BadRequest(str(exc))
     if req.offset + data_len > req.chunk_size:
         return wire.BadRequest("the write crosses the chunk's end")
+    if req.replace and not req.sync:
+        return wire.BadRequest("only a resync copy replaces a chunk")
     if req.sync or req.full_chunk:
         if req.offset:
             return wire.BadRequest("a full-chunk write starts at offset 0")
@@ -467,6 +469,35 @@ def sync_tasks(view: RoutingView, local: Iterable[int]) -> list[SyncTask]:
         if succ is not None and succ.state == SYNCING:
             tasks.append(SyncTask(chain_id, view.chains[chain_id].version, target_id, succ))
     return tasks
+
+
+class Resync:
+    """What a resync does with one chunk of the successor."""
+
+    KEEP = "keep"  # the successor holds the local committed content
+    COPY = "copy"  # send the local content; applied if newer (or the same version, other bytes)
+    REPLACE = "replace"  # the successor is ahead with a version given up here: overwrite it
+    REMOVE = "remove"  # nothing committed here: remove the successor's chunk (if still listed)
+
+
+def resync_action(mine: ChunkMetaLike | None, theirs) -> str:
+    """Decide one chunk of a resync, ``mine`` read while the local chunk is held.
+
+    ``theirs`` is the successor's listed ``ChunkMeta`` (None: it has none). While
+    the chunk is held no update of it is between staging and commit here, so
+    what is committed here is what the chain acknowledged: a successor ahead of
+    it holds a version its predecessor gave up after forwarding it.
+    """
+    committed = committed_version(mine)
+    if not committed:
+        return Resync.REMOVE if theirs is not None else Resync.KEEP
+    if theirs is None or committed > theirs.version:
+        return Resync.COPY
+    if committed < theirs.version:
+        return Resync.REPLACE
+    if (mine.length, mine.checksum) != (theirs.length, theirs.checksum):
+        return Resync.COPY
+    return Resync.KEEP
 
 
 def sync_source(view: RoutingView, chain_id: int, syncing_target: int) -> int | None:

@@ -24,11 +24,13 @@ import itertools
 import logging
 import secrets
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import grpc
 
 from emberfs.common import framing, wire
 from emberfs.proto import data_pb2, storage_pb2, storage_pb2_grpc
+from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkMeta, ChunkStore
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,13 @@ def _copy(
     chain_id: int,
     chain_version: int,
     successor_target_id: int,
+    replace: bool = False,
 ) -> int | None:
-    """Send the chunk's committed content; returns bytes sent (None: gone locally)."""
+    """Send the chunk's committed content; returns bytes sent (None: gone locally).
+
+    ``replace``: the successor holds a newer version that its predecessor gave up;
+    the copy replaces it.
+    """
     try:
         data, meta = store.read_committed(meta.inode, meta.index)
     except KeyError:
@@ -103,6 +110,7 @@ def _copy(
         update_version=meta.version,
         full_chunk=True,
         sync=True,
+        replace=replace,
     )
     wire.call(
         pool,
@@ -125,9 +133,16 @@ def sync_successor(
     successor_target_id: int,
     successor_data_address: str,
     successor_grpc_address: str,
+    hold: Callable[[int, int], AbstractContextManager],
     should_stop: Callable[[], bool] = lambda: False,
 ) -> dict:
     """Copy what the successor lacks and remove what it should no longer have.
+
+    Each chunk is decided and copied while ``hold(inode, index)`` holds it (the
+    local target's chunk lock, taken by every update of the chunk), so no
+    write to it is between staging and commit here meanwhile: what the local
+    target has committed then is all the chain acknowledged, and a successor
+    ahead of it holds a version that was given up after it was forwarded.
 
     Parameters
     ----------
@@ -145,6 +160,9 @@ def sync_successor(
     should_stop : callable, optional
         Polled between chunks; when it returns True the sync ends with
         :class:`ResyncInterrupted`.
+    hold : callable
+        ``hold(inode, index)``: a context manager holding the local chunk (the
+        data server's :meth:`~emberfs.storageserver.replica.Replica.chunk`).
 
     Returns
     -------
@@ -161,7 +179,7 @@ def sync_successor(
         Transport failures; a damaged local chunk raises ``framing.ChecksumError``.
     """
     counts = {"copied": 0, "removed": 0, "bytes": 0}
-    pending_removal: list[tuple[int, int]] = []
+    pending_removal: list[tuple[int, int, int]] = []  # (inode, index, the successor's version)
     kw = dict(
         chain_id=chain_id, chain_version=chain_version, successor_target_id=successor_target_id
     )
@@ -173,27 +191,48 @@ def sync_successor(
         stub = storage_pb2_grpc.StorageServiceStub(channel)
 
         def flush_removals() -> None:
-            by_inode: dict[int, list[int]] = {}
-            for inode, index in pending_removal:
-                # The successor listed it after we listed ours: a chunk created
-                # since then exists locally (writes reach us first), so check again.
+            by_inode: dict[int, tuple[list[int], list[int]]] = {}
+            for inode, index, version in pending_removal:
+                # written here since it was decided: writes reach this target first
                 if store.meta(inode, index) is None:
-                    by_inode.setdefault(inode, []).append(index)
+                    indices, versions = by_inode.setdefault(inode, ([], []))
+                    indices.append(index)
+                    versions.append(version)
             pending_removal.clear()
-            for inode, indices in by_inode.items():
+            for inode, (indices, versions) in by_inode.items():
+                # the successor removes a chunk only while it holds the version it listed
                 resp = stub.RemoveChunks(
                     storage_pb2.RemoveChunksRequest(
-                        target_id=successor_target_id, inode=inode, indices=indices
+                        target_id=successor_target_id,
+                        inode=inode,
+                        indices=indices,
+                        versions=versions,
                     ),
                     timeout=RPC_TIMEOUT,
                 )
                 counts["removed"] += resp.removed
 
-        def copy(meta: ChunkMeta) -> None:
-            sent = _copy(pool, successor_data_address, store, meta, **kw)
-            if sent is not None:
-                counts["copied"] += 1
-                counts["bytes"] += sent
+        def sync_chunk(inode: int, index: int, theirs: storage_pb2.ChunkMeta | None) -> None:
+            """Bring one chunk of the successor in line with the local one (held)."""
+            with hold(inode, index):
+                mine = store.meta(inode, index)
+                action = rp.resync_action(mine, theirs)
+                if action == rp.Resync.REMOVE:
+                    pending_removal.append((inode, index, theirs.version))
+                elif action != rp.Resync.KEEP:
+                    sent = _copy(
+                        pool,
+                        successor_data_address,
+                        store,
+                        mine,
+                        replace=action == rp.Resync.REPLACE,
+                        **kw,
+                    )
+                    if sent is not None:
+                        counts["copied"] += 1
+                        counts["bytes"] += sent
+            if len(pending_removal) >= REMOVE_BATCH:
+                flush_removals()
 
         local = _local_chunks(store)
         remote = _remote_chunks(stub, successor_target_id)
@@ -205,22 +244,13 @@ def sync_successor(
             my_key = (mine.inode, mine.index) if mine is not None else None
             their_key = (theirs.inode, theirs.index) if theirs is not None else None
             if their_key is None or (my_key is not None and my_key < their_key):
-                if mine.version:
-                    copy(mine)
+                sync_chunk(*my_key, None)
                 mine = next(local, None)
             elif my_key is None or their_key < my_key:
-                pending_removal.append(their_key)
-                if len(pending_removal) >= REMOVE_BATCH:
-                    flush_removals()
+                sync_chunk(*their_key, theirs)
                 theirs = next(remote, None)
             else:
-                # A successor ahead of us holds a write we have not committed yet.
-                if mine.version > theirs.version or (
-                    mine.version == theirs.version
-                    and mine.version
-                    and (mine.length, mine.checksum) != (theirs.length, theirs.checksum)
-                ):
-                    copy(mine)
+                sync_chunk(*my_key, theirs)
                 mine = next(local, None)
                 theirs = next(remote, None)
         flush_removals()

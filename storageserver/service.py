@@ -107,7 +107,10 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             indices = list(request.indices) or None
             if indices is not None and any(i > MAX_INDEX for i in indices):
                 raise errors.InvalidArgument("chunk index out of range")
-            removed = store.remove_inode(request.inode, indices)
+            versions = list(request.versions) or None
+            if versions is not None and (indices is None or len(versions) != len(indices)):
+                raise errors.InvalidArgument("versions must name one version per index")
+            removed = store.remove_inode(request.inode, indices, versions)
             return storage_pb2.RemoveChunksResponse(removed=removed)
 
         return self._call(context, run)

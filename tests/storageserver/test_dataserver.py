@@ -7,7 +7,9 @@ import socket
 import struct
 import threading
 import time
+from concurrent import futures
 
+import grpc
 import pytest
 
 from emberfs.common import framing
@@ -16,6 +18,8 @@ from emberfs.common.routing import RoutingView
 from emberfs.proto import common_pb2, data_pb2
 from emberfs.storageserver.chunkstore import ChunkStore
 from emberfs.storageserver.dataserver import DataServer
+from emberfs.storageserver.resync import sync_successor
+from emberfs.storageserver.service import StorageServicer, add_to_server
 
 CS = 1024 * 1024  # chunk size of the tests' files
 BS = framing.DEFAULT_BLOCK
@@ -595,3 +599,103 @@ def test_truncate_after_an_aborted_update_keeps_replicas_equal(cluster, length):
         raise ReplicasDiffer(
             {t: (version, data[:16], len(data)) for t, (version, data) in held.items()}
         )
+
+
+# ---------------------------------------------------------------- resync racing writes
+
+
+def resync_3_from_2(c, grpc_address: str) -> dict:
+    """Target 2 copies chunk 7:0 and the rest to the syncing target 3, as its node does."""
+    host, port = c.addr(3)
+    return sync_successor(
+        c.stores[2],
+        chain_id=1,
+        chain_version=c.chain_version,
+        target_id=2,
+        successor_target_id=3,
+        successor_data_address=f"{host}:{port}",
+        successor_grpc_address=grpc_address,
+        hold=lambda inode, index: c.servers[2].replica.chunk(2, inode, index),
+    )
+
+
+@pytest.fixture
+def storage_service_3(cluster):
+    """Target 3's StorageService (resync lists and removes its chunks through it)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    add_to_server(StorageServicer("n3", lambda: {3: cluster.stores[3]}, lambda t: 1), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None).wait(10)
+
+
+def in_thread(fn, *args) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except Exception as exc:  # reported by the test
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_write_caught_by_a_chain_change_is_refused_or_reaches_the_returning_replica(
+    cluster, storage_service_3
+):
+    c = cluster
+    assert write(c, b"a" * 100)[0] == Status.OK
+    c.set_chain({1: S, 2: S, 3: OFF}, (1, 2, 3))  # target 3 goes away
+    assert write(c, b"b" * 100)[0] == Status.OK  # on targets 1 and 2 only
+    # A write accepted under this version waits for the chunk on target 2 ...
+    held = c.servers[2].replica.chunk(2, 7, 0)
+    held.__enter__()
+    writer, wrote = in_thread(write, c, b"c" * 100)
+    _wait(lambda: c.stores[1].meta(7, 0).pending_version, 10)  # the head forwarded it
+    # ... while target 3 comes back and target 2 resyncs it
+    c.set_chain({1: S, 2: S, 3: Y}, (1, 2, 3))
+    syncer, synced = in_thread(resync_3_from_2, c, storage_service_3)
+    syncer.join(2)  # a resync that does not wait for the chunk is done by now
+    held.__exit__(None, None, None)
+    writer.join(20)
+    syncer.join(20)
+    assert "error" not in synced, synced
+    status = wrote["value"][0]
+    # acknowledged: the returning replica has it; refused (the chain moved on): the client retries
+    if status == Status.OK:
+        assert c.stores[3].read_committed(7, 0)[0] == b"c" * 100
+    else:
+        assert status == Status.STALE_CHAIN
+    assert_replicas_equal(c, targets=(2, 3))
+
+
+def test_resync_never_removes_a_chunk_written_while_it_runs(cluster, storage_service_3):
+    c = cluster
+    c.set_chain({1: S, 2: S, 3: Y}, (1, 2, 3))  # target 3 syncs from target 2
+    store = c.stores[2]
+    real = store.stage
+    release = threading.Event()
+
+    def slow_stage(*args, **kwargs):  # target 2 stages after it forwarded to target 3
+        release.wait(20)
+        return real(*args, **kwargs)
+
+    store.stage = slow_stage
+    writer, wrote = in_thread(write, c, b"new chunk" * 10)
+    _wait(lambda: (m := c.stores[3].meta(7, 0)) is not None and m.version, 10)
+    syncer, synced = in_thread(resync_3_from_2, c, storage_service_3)
+    syncer.join(2)  # a resync that does not wait for the chunk is done by now
+    release.set()
+    writer.join(20)
+    syncer.join(20)
+    store.stage = real
+    assert "error" not in synced, synced
+    assert wrote["value"][0] == Status.OK
+    assert c.stores[3].read_committed(7, 0)[0] == b"new chunk" * 10  # acknowledged: everywhere
+    assert_replicas_equal(c)

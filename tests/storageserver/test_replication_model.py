@@ -22,6 +22,7 @@ the write chain at the head's version.
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass, field
 
 from hypothesis import given, note
@@ -48,6 +49,13 @@ class Meta:
     pending_version: int
     length: int
     crcs: list
+
+
+@dataclass(frozen=True)
+class Listed:
+    version: int
+    length: int
+    checksum: int
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,13 @@ class Copy:
 
     def data(self, index: int) -> bytes:
         return self.chunks.get(index, (0, b""))[1]
+
+    def listed(self, index: int) -> Listed | None:
+        """The chunk as ``ListChunks`` shows it (version, length, checksum)."""
+        if index not in self.chunks:
+            return None
+        version, data = self.chunks[index]
+        return Listed(version, len(data), zlib.crc32(data))
 
 
 class Model:
@@ -300,14 +315,21 @@ class Model:
         src = self.replicas[task.target_id]
         dst = self.replicas[task.successor.target_id]
         assert rp.sync_source(view, CHAIN, dst.target_id) == src.target_id
-        for i, (version, data) in src.chunks.items():
-            mine = dst.chunks.get(i)
-            # resync.py sends it, and ChunkStore.install applies it, when it is newer than the
-            # replica's copy or the same version with other bytes
-            if mine is None or mine[0] < version or (mine[0] == version and mine[1] != data):
-                dst.chunks[i] = (version, data)
-        for i in [i for i in dst.chunks if i not in src.chunks]:
-            del dst.chunks[i]
+        # as resync.py does, each chunk decided while the source holds it (every step of the
+        # model runs whole, so no update of it is between staging and commit)
+        for i in sorted(set(src.chunks) | set(dst.chunks)):
+            action = rp.resync_action(src.listed(i), dst.listed(i))
+            if action == rp.Resync.REMOVE:
+                del dst.chunks[i]
+            elif action == rp.Resync.REPLACE:
+                dst.chunks[i] = src.chunks[i]
+            elif (
+                action == rp.Resync.COPY
+            ):  # ChunkStore.install: newer, or the same with other bytes
+                mine, theirs = src.chunks[i], dst.chunks.get(i)
+                if theirs is None or theirs[0] <= mine[0]:
+                    dst.chunks[i] = mine
+        assert dst.chunks == src.chunks, "a resync ended with the replicas apart"
         dst.state = SERVING
         self.reorder()
 
