@@ -257,6 +257,17 @@ class ClusterManager:
     # ---------------------------------------------------------------- reading
 
     @property
+    def lease_seconds(self) -> float:
+        """How long a node may serve after sending a heartbeat that is answered.
+
+        Half the heartbeat timeout, as 3FS does: a node that cannot reach the
+        metaserver stops serving (it is fenced) well before the metaserver
+        declares its targets offline and the chain moves on without them, with
+        margin for the two clocks running at slightly different rates.
+        """
+        return self.heartbeat_timeout / 2
+
+    @property
     def routing_version(self) -> int:
         return self._routing_version
 
@@ -414,7 +425,9 @@ class ClusterManager:
             self._form_chains(changes)
             self._flush(changes)
             self._last_seen[req.node_id] = self.clock()
-            return cluster_pb2.RegisterNodeResponse(target_ids=ids, routing=self.routing())
+            return cluster_pb2.RegisterNodeResponse(
+                target_ids=ids, routing=self.routing(), lease_seconds=self.lease_seconds
+            )
 
     def _set_usage(self, tid: int, report: cluster_pb2.TargetReport, changes: _Changes) -> None:
         info = self._targets[tid]
@@ -451,7 +464,9 @@ class ClusterManager:
             if changes.targets:
                 self._form_chains(changes)
             self._flush(changes)
-            resp = cluster_pb2.HeartbeatResponse(routing_version=self._routing_version)
+            resp = cluster_pb2.HeartbeatResponse(
+                routing_version=self._routing_version, lease_seconds=self.lease_seconds
+            )
             if req.routing_version < self._routing_version:
                 resp.routing.CopyFrom(self.routing())
             return resp

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 _OP_NAMES = {Op.READ: "read", Op.WRITE: "write", Op.TRUNCATE: "truncate"}
 
+# the answer of a node whose lease from the metaserver ran out (see Node.fenced)
+_FENCED = wire.NotServing("fenced: this server has not heard from the metaserver in time")
+
 
 def _target_of(frame: framing.Frame) -> str:
     """The target a write frame names, as a metric label ("0" if unreadable)."""
@@ -107,6 +110,9 @@ class DataServer:
         (:mod:`emberfs.common.stalls`) instead of after ``forward_timeout``.
     on_stale : callable, optional
         Called when a chain version mismatch suggests the routing is old.
+    fenced : callable, optional
+        True while the node must not serve (its lease from the metaserver ran
+        out): reads, writes and truncations are then refused as NOT_SERVING.
 
     Attributes
     ----------
@@ -127,6 +133,7 @@ class DataServer:
         forward_timeout: float = 30.0,
         stall_check: float = 1.0,
         on_stale: Callable[[], None] | None = None,
+        fenced: Callable[[], bool] = lambda: False,
     ):
         self._stores = stores
         self._routing = routing
@@ -134,6 +141,7 @@ class DataServer:
         self.idle_timeout = idle_timeout
         self.frame_timeout = frame_timeout
         self._on_stale = on_stale
+        self._fenced = fenced
         self._pool = wire.ConnectionPool(
             io_timeout=forward_timeout,
             max_per_address=None,
@@ -277,6 +285,8 @@ class DataServer:
                 except framing.ChecksumError as exc:
                     metrics.CHECKSUM_ERRORS.labels(_target_of(frame)).inc()
                     return self._error(conn, op, wire.ChecksumMismatch(str(exc)))
+            if op in _OP_NAMES and self._fenced():
+                return self._error(conn, op, _FENCED)
             if op == Op.READ:
                 self._read(conn, data_pb2.ChunkReadRequest.FromString(frame.meta))
             elif op == Op.WRITE:
@@ -382,7 +392,7 @@ class DataServer:
             # accepted under an older version could otherwise commit here after a resync
             # of a returning replica copied this chunk without it.
             role = rp.check_write(self._routing(), stores.keys(), req, len(data))
-            result = self._update(store, req, role, data, frame)
+            result = self._update(store, req, _FENCED if self._fenced() else role, data, frame)
         self._answer(conn, Op.WRITE, result)
 
     def _update(
@@ -469,6 +479,7 @@ class DataServer:
         store = stores[req.target_id]
         with self.replica.truncating(req.target_id, req.inode):
             role = rp.check_truncate(self._routing(), stores.keys(), req)  # as for writes
+            role = _FENCED if self._fenced() else role
             key = self.replica.truncate_key(req, role) if isinstance(role, rp.WriteRole) else None
             result = role if isinstance(role, wire.Refused) else self.replica.answered(key)
             if result is None:

@@ -152,6 +152,7 @@ class Node:
         self._view = RoutingView()
         self._view_lock = threading.Lock()
         self._have_routing = False
+        self._lease_until = 0.0  # monotonic: serving stops then unless the metaserver answers
         self._target_ids: list[int] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -183,6 +184,25 @@ class Node:
             self._view = RoutingView.from_proto(routing)
             self._have_routing = True
             return True
+
+    def fenced(self) -> bool:
+        """Whether the node must not serve: the metaserver has not answered for too long.
+
+        Each answered heartbeat (or registration) lets the node serve for the
+        lease the metaserver grants, counted from when the request was sent.
+        A node cut off from the metaserver, or paused, stops serving before
+        the metaserver declares its targets offline, so a client with old
+        routing never reads from it what the chain has since overwritten.
+        """
+        return time.monotonic() >= self._lease_until
+
+    def _extend_lease(self, sent: float, seconds: float) -> None:
+        """An answer to a request sent at ``sent`` (monotonic) grants ``seconds`` (0: no limit)."""
+        until = sent + seconds if seconds > 0 else float("inf")
+        if until > self._lease_until:
+            if self.fenced():
+                log.warning("the metaserver answers again: serving")
+            self._lease_until = until
 
     def chain_of(self, target_id: int) -> int:
         return self._view.chain_of(target_id)
@@ -249,6 +269,7 @@ class Node:
             routing=lambda: self._view,
             forward_timeout=self.forward_timeout,
             on_stale=self._wake.set,
+            fenced=self.fenced,
         ).start()
         data_port = self._data.address[1]
         self._grpc = grpc.server(
@@ -332,6 +353,7 @@ class Node:
             grpc_address=self.grpc_address,
             targets=self._reports(),
         )
+        sent = time.monotonic()
         resp = self._cluster.RegisterNode(req, timeout=RPC_TIMEOUT)
         if len(resp.target_ids) != len(self._local):
             raise RuntimeError(
@@ -349,6 +371,7 @@ class Node:
         self._target_ids = list(resp.target_ids)
         self._stores = stores
         self.set_routing(resp.routing)
+        self._extend_lease(sent, resp.lease_seconds)
         log.info("registered node %s with targets %s", self.node_id, sorted(stores))
 
     def _register_until_done(self) -> bool:
@@ -370,6 +393,7 @@ class Node:
         req = cluster_pb2.HeartbeatRequest(
             node_id=self.node_id, targets=self._reports(), routing_version=self._view.version
         )
+        sent = time.monotonic()
         resp = self._cluster.Heartbeat(req, timeout=RPC_TIMEOUT)
         if resp.reregister:
             log.warning("the metaserver does not know this node; registering again")
@@ -377,6 +401,7 @@ class Node:
             return
         if resp.HasField("routing"):
             self.set_routing(resp.routing)
+        self._extend_lease(sent, resp.lease_seconds)
 
     def _heartbeat_loop(self) -> None:
         failing = False
@@ -428,6 +453,8 @@ class Node:
     def _run_sync(self, task: rp.SyncTask, store: ChunkStore) -> None:
         def should_stop() -> bool:
             chain = self._view.chains.get(task.chain_id)
+            if self.fenced():
+                return True
             return self._stop.is_set() or chain is None or chain.version != task.chain_version
 
         replica = self._data.replica  # the chunk locks every local update takes

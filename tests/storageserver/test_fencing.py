@@ -1,0 +1,172 @@
+"""A storage server cut off from the metaserver alone stops serving before the chain moves on.
+
+Real processes: a local cluster whose storage server 0 reaches the metaserver
+only through a TCP relay the test can cut, while clients and chain peers still
+reach it directly (a partition between one server and the metaserver).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from emberfs.client.fs import EmberFileSystem
+from emberfs.common import framing, wire
+from emberfs.common.framing import Op
+from emberfs.proto import common_pb2, data_pb2
+
+MiB = 1024 * 1024
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+class Relay:
+    """Forwards TCP connections to ``upstream`` until :meth:`cut`, which drops them all.
+
+    After a cut new connections are accepted and never answered, as when the
+    packets between two hosts are lost; :meth:`heal` forwards again.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.cut_off = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._socks.append(client)
+            if self.cut_off.is_set():
+                continue  # held open, never answered
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks.append(server)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self.cut_off.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        self.cut_off.set()
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def heal(self) -> None:
+        self.cut_off.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def read_from(address: str, chain, target_id: int, inode: int) -> bytes:
+    """Chunk 0 of ``inode`` read from one target, with no chain version check (an old routing)."""
+    req = data_pb2.ChunkReadRequest(
+        chain_id=chain.chain_id,
+        target_id=target_id,
+        chunk=data_pb2.ChunkId(inode=inode, index=0),
+        offset=0,
+        length=MiB,
+    )
+
+    def receive(sock):
+        header, meta, crcs = wire.recv_answer(sock, Op.READ)
+        data = framing.recv_exact(sock, header.data_len)
+        framing.verify(data, crcs, header.block_size)
+        resp = data_pb2.ChunkReadResponse.FromString(meta)
+        return bytes(data[resp.skip :])
+
+    pool = wire.ConnectionPool(connect_timeout=5, io_timeout=10)
+    try:
+        return wire.call(pool, address, Op.READ, req.SerializeToString(), receive=receive)
+    finally:
+        pool.close()
+
+
+def test_a_server_cut_from_the_metaserver_stops_serving_before_it_is_replaced(private_cluster):
+    c = private_cluster(targets_per_server=1, heartbeat_timeout=2.0)
+    relay = Relay(c.meta_address)
+    try:
+        # storage server 0 talks to the metaserver through the relay from now on
+        c.storage[0].stop()
+        argv = c.storage[0].argv
+        argv[argv.index("--meta") + 1] = relay.address
+        c.start_storage(0)
+        c.wait_serving(60)
+        fs = EmberFileSystem(c.meta_address, skip_instance_cache=True, read_timeout=20.0)
+        old_reader = EmberFileSystem(c.meta_address, skip_instance_cache=True, read_timeout=20.0)
+        v1, v2 = os.urandom(MiB // 2), os.urandom(MiB // 2)
+        fs.pipe_file("/f.bin", v1)
+        assert old_reader.cat_file("/f.bin") == v1  # this reader keeps the routing of now
+        inode = fs.info("/f.bin")["ino"]
+        routing = c.routing()
+        address0 = c.storage_address(0)
+        target0 = next(t for t in routing.targets if t.data_address == address0)
+        chain = next(ch for ch in routing.chains if target0.target_id in ch.targets)
+        assert read_from(address0, chain, target0.target_id, inode) == v1
+
+        relay.cut()  # server 0 still takes requests, but hears nothing from the metaserver
+        c.wait_for(
+            lambda r: any(
+                t.target_id == target0.target_id and t.state == common_pb2.OFFLINE
+                for t in r.targets
+            ),
+            30,
+            "server 0's target offline",
+        )
+        fs.pipe_file("/f.bin", v2)  # the chain moved on without server 0
+        with pytest.raises(wire.NotServing, match="fenced"):
+            read_from(address0, chain, target0.target_id, inode)
+        for _ in range(6):  # whichever replica it picks, never the old bytes
+            assert old_reader.cat_file("/f.bin") == v2
+
+        relay.heal()  # server 0 hears from the metaserver again, is resynced and serves
+        c.wait_serving(60)
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:  # once its own routing has caught up with the metaserver's
+                assert read_from(address0, chain, target0.target_id, inode) == v2
+                break
+            except wire.NotServing:
+                assert time.monotonic() < deadline, "server 0 does not serve again"
+                time.sleep(0.2)
+        fs.close()
+        old_reader.close()
+    finally:
+        relay.close()
