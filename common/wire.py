@@ -379,6 +379,13 @@ class Call:
 
     A failure to connect or send is kept and raised by :meth:`result` (after
     the resend a closed pooled connection gets).
+
+    Attributes
+    ----------
+    sent : bool
+        Whether the request went out whole on a connection. False after a
+        failure means the receiver never got it; True means it may have
+        acted on it even when no answer came back.
     """
 
     def __init__(
@@ -403,6 +410,7 @@ class Call:
         self._watch: contextlib.ExitStack | None = None
         self._watched = Watched()
         self._error: BaseException | None = None
+        self.sent = False  # a request frame went out whole on some connection
         try:
             self._send(fresh=False)
         except Exception as exc:
@@ -421,6 +429,7 @@ class Call:
         except BaseException:
             self._finish(ok=False)
             raise
+        self.sent = True
 
     def _finish(self, ok: bool) -> None:
         """End the exchange on the current connection: give it back or close it."""

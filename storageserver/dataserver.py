@@ -421,19 +421,25 @@ class DataServer:
         return result
 
     def _replicate(
-        self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
+        self,
+        store: ChunkStore,
+        plan: WritePlan,
+        data: memoryview,
+        frame: framing.Frame | None,
     ) -> wire.Refused | data_pb2.ChunkWriteResponse:
         """Forward ``plan`` down the chain while staging it here, then commit (chunk lock held).
 
         The update goes to the successor before it is staged here, so both
-        write at once; the replica decides what every outcome leads to.
+        write at once; the replica decides what every outcome leads to. A head
+        that gives up an update it forwarded puts its content back on the chain
+        (:meth:`_given_up`). ``frame`` is the received frame (None for a repair).
         """
         req = plan.req
         inode, index = req.chunk.inode, req.chunk.index
         forward = self._successors.send(store, plan, data, frame) if plan.successor else None
         try:
             # the frame's block CRCs were verified against the data on arrival
-            crcs = list(frame.crcs) if frame.header.block_size == store.block_size else None
+            same_blocks = frame is not None and frame.header.block_size == store.block_size
             store.stage(
                 inode,
                 index,
@@ -442,11 +448,12 @@ class DataServer:
                 data,
                 chunk_size=req.chunk_size,
                 full_chunk=plan.full,
-                crcs=crcs,
+                crcs=list(frame.crcs) if same_blocks else None,
             )
         except BaseException as exc:
             if forward is not None:
                 forward.abandon()
+                self._given_up(store, plan, forward)
             refusal = self.replica.staging_failed(plan, exc, forwarded=forward is not None)
             if refusal is None:
                 raise
@@ -457,16 +464,41 @@ class DataServer:
             )
         except BaseException:
             store.abort(inode, index, plan.version)
-            self.replica.aborted(plan)
+            self._given_up(store, plan, forward)
             raise
         if refusal is not None:
             store.abort(inode, index, plan.version)
-            self.replica.aborted(plan)
+            self._given_up(store, plan, forward)
             return refusal
         meta = store.commit(inode, index, plan.version)
         self.replica.committed(plan)
         self._count(req.target_id, written=len(data))
         return written(meta)
+
+    def _given_up(self, store: ChunkStore, plan: WritePlan, forward: wire.Call | None) -> None:
+        """``plan`` was given up; if it was forwarded, its version may live on downstream.
+
+        The version is never used again here; when the successor may have
+        received it, the head also puts its committed content back on the chain
+        (:meth:`Replica.repair_plan`).
+        """
+        inode, index = plan.req.chunk.inode, plan.req.chunk.index
+        self.replica.aborted(plan)
+        if forward is None or not forward.sent:
+            return
+        repair = self.replica.repair_plan(plan, store.meta(inode, index))
+        if repair is None:
+            return
+        try:
+            try:
+                content, _ = store.read_committed(inode, index)
+            except KeyError:
+                content = b""
+            outcome = self._replicate(store, repair, memoryview(content), None)
+        except Exception as exc:  # the update's own failure is what is answered
+            outcome = exc
+        if isinstance(outcome, BaseException):
+            log.warning("chunk %d:%d: the chain keeps a given-up update: %s", inode, index, outcome)
 
     # ------------------------------------------------------------------ truncation
 

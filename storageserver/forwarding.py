@@ -61,7 +61,7 @@ class Successors:
     # writes --------------------------------------------------------------------
 
     def send(
-        self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame
+        self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame | None
     ) -> wire.Call:
         """Send ``plan`` to the successor now: the received range, or the whole new chunk."""
         req = plan.req
@@ -71,6 +71,8 @@ class Successors:
                 base, _ = store.read_committed(req.chunk.inode, req.chunk.index)
             payload = rp.overlay(base, req.offset, data)
             block_size, crcs = store.block_size, None
+        elif frame is None:  # content of this replica's own
+            payload, block_size, crcs = data, store.block_size, None
         else:
             payload = data
             block_size = frame.header.block_size or store.block_size
@@ -90,7 +92,7 @@ class Successors:
         store: ChunkStore,
         plan: WritePlan,
         data: memoryview,
-        frame: framing.Frame,
+        frame: framing.Frame | None,
         forward: wire.Call,
     ) -> wire.Refused | None:
         """None once the successor holds ``plan``, else the refusal to answer upstream."""

@@ -176,6 +176,9 @@ class WritePlan:
     send_full : bool
         The successor gets the whole new content (else the same range); set
         when the successor asks for it.
+    repair : bool
+        The update puts the head's committed content back on the chain after
+        it gave up an update it had forwarded (see :meth:`Replica.repair_plan`).
     """
 
     key: ChunkKey
@@ -185,6 +188,7 @@ class WritePlan:
     base_version: int
     full: bool
     send_full: bool = False
+    repair: bool = False
 
     @property
     def successor(self):
@@ -349,6 +353,27 @@ class Replica:
             plan.send_full = True
             return rp.Reply.RESEND_FULL
         return rp.upstream_refusal(plan.successor, upstream, status, message)
+
+    def repair_plan(self, plan: WritePlan, meta) -> WritePlan | None:
+        """After the head gave up ``plan`` once it was forwarded: put its content back.
+
+        The successors may have committed ``plan``'s version, and would then
+        serve bytes the chain gave up until the chunk's next write. The head,
+        the only replica that numbers versions, sends its committed content
+        (``meta``; empty when it has none) whole, above every version the chunk
+        may have downstream. None for other replicas, for a repair itself, and
+        for an update that was never forwarded.
+        """
+        if plan.role.kind != rp.WriteKind.CLIENT or plan.successor is None or plan.repair:
+            return None
+        req = data_pb2.ChunkWriteRequest()
+        req.CopyFrom(plan.req)
+        req.offset = 0
+        version = rp.next_version(meta, self.floor(plan.key))
+        committed = rp.committed_version(meta)
+        return WritePlan(
+            plan.key, req, plan.role, version, committed, full=True, send_full=True, repair=True
+        )
 
     def aborted(self, plan: WritePlan) -> None:
         """``plan`` was staged and then aborted; its version may live on downstream."""
