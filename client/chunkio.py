@@ -23,17 +23,21 @@ runtime, each straight into (or out of) its piece of one buffer:
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING
 
 from emberfs.client.buffers import ResultBuffer, as_bytes, result_buffer
+from emberfs.client.datapath import ChunkLost
 from emberfs.client.handles import OpenHandle
+from emberfs.client.meta import MetaClient
+from emberfs.common import extents
 from emberfs.common.layout import chunk_chain, chunk_spans
 
 if TYPE_CHECKING:
     from emberfs.client.lanes import PendingRead
-    from emberfs.client.runtime import ProcessRuntime
+    from emberfs.client.runtime import ProcessRuntime, Runtime
 
 
 def wait_all(futures) -> None:
@@ -60,11 +64,36 @@ def byte_range(size: int, start, end) -> tuple[int, int]:
 
 
 def chunk_reads(h: OpenHandle, start: int, view: memoryview) -> Iterator[tuple]:
-    """``read_chunk`` arguments filling ``view`` with the file bytes at ``start``, per chunk."""
+    """``read_chunk`` arguments filling ``view`` with the file bytes at ``start``, per chunk.
+
+    The last one of each is how many of the chunk's bytes the file says are on
+    storage (below its size, outside its holes: :mod:`emberfs.common.extents`).
+    """
+    holes = h.holes
     for s in chunk_spans(start, len(view), h.chunk_size):
         lo = s.file_offset - start
         piece = view[lo : lo + s.length]
-        yield chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, piece
+        end = s.file_offset + s.length
+        need = extents.data_end(holes, h.size, s.file_offset, end) - s.file_offset
+        yield chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, piece, need
+
+
+def explain_lost(meta: MetaClient, h: OpenHandle, lost: ChunkLost) -> OSError:
+    """The error of a read that found chunk data gone from every replica.
+
+    ESTALE when the file was removed, or changed (rewritten, truncated) since
+    it was opened: its old chunks went with that. Otherwise the data is lost:
+    EIO naming the file and the chunk.
+    """
+    try:
+        now = meta.stat_inode(h.inode, h.path)
+    except FileNotFoundError:
+        return OSError(errno.ESTALE, f"{h.path} was removed while it was open", h.path)
+    except OSError:
+        now = None
+    if now is not None and (now.size, now.mtime_ns) != (h.attr.size, h.attr.mtime_ns):
+        return OSError(errno.ESTALE, f"{h.path} changed while it was open", h.path)
+    return OSError(errno.EIO, f"{h.path}: {lost.strerror}", h.path)
 
 
 class ChunkIO:
@@ -89,7 +118,15 @@ class ChunkIO:
     def submit_into(self, h: OpenHandle, start: int, view: memoryview) -> list[Future]:
         """Start parallel chunk reads filling ``view`` with the file bytes at ``start``."""
         rt = self._runtime.get()
-        return [rt.executor.submit(rt.data.read_chunk, *r) for r in chunk_reads(h, start, view)]
+        return [rt.executor.submit(self._read, rt, h, r) for r in chunk_reads(h, start, view)]
+
+    @staticmethod
+    def _read(rt: Runtime, h: OpenHandle, args: tuple) -> None:
+        """One ``read_chunk`` of ``h``; data gone from every replica raises ESTALE or EIO."""
+        try:
+            rt.data.read_chunk(*args)
+        except ChunkLost as lost:
+            raise explain_lost(rt.meta, h, lost) from None
 
     def submit_block(self, h: OpenHandle, start: int, end: int) -> Future:
         """A future of a bytearray with the file bytes [start, end) (one task).
@@ -102,7 +139,7 @@ class ChunkIO:
         def fetch() -> bytearray:
             buf = rt.blocks.get(end - start)
             for r in chunk_reads(h, start, memoryview(buf)):
-                rt.data.read_chunk(*r)
+                self._read(rt, h, r)
             return buf
 
         return rt.executor.submit(fetch)

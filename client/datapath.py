@@ -25,6 +25,22 @@ from emberfs.common.routing import ChainView, RoutingView, TargetView
 from emberfs.proto import data_pb2
 
 
+class ChunkLost(OSError):
+    """Every serving replica lacks chunk data that was written (EIO).
+
+    The file layer tells a file removed or rewritten while open (ESTALE) from
+    data that is gone (see :func:`emberfs.client.chunkio.explain_lost`).
+    """
+
+    def __init__(self, chain_id: int, inode: int, index: int, end: int) -> None:
+        super().__init__(
+            errno.EIO,
+            f"chunk {index} (inode {inode}, chain {chain_id}) has no replica holding its "
+            f"first {end} bytes",
+        )
+        self.chain_id, self.inode, self.index = chain_id, inode, index
+
+
 class DataClient:
     """Chunk reads and writes against the replication chains.
 
@@ -132,15 +148,17 @@ class DataClient:
         return [serving[i] for i in order]
 
     def read_chunk(
-        self, chain_id: int, inode: int, index: int, offset: int, out: memoryview
+        self, chain_id: int, inode: int, index: int, offset: int, out: memoryview, need: int = 0
     ) -> None:
         """Fill ``out`` with bytes ``[offset, offset+len(out))`` of chunk ``index``.
 
-        Bytes past the chunk's end (or of a chunk that does not exist) are
-        zeros: they are holes within the file size. A replica that has no such
-        chunk does not make a hole on its own: the range reads as zeros only
-        when every serving replica answered that it has none (while one is
-        unreachable or refuses, the read is retried). Every byte returned was
+        The first ``need`` of those bytes are data the file says is on storage;
+        the rest may lie past the chunk's end (or the chunk may not exist):
+        those read as zeros, the holes of the file. A replica that has no such
+        chunk, or a shorter one than ``need``, is passed over for another;
+        when every serving replica answers so, :class:`ChunkLost` is raised
+        (with ``need`` 0 the range then reads as zeros). While one is
+        unreachable or refuses, the read is retried. Every byte returned was
         verified against its block CRC32C. Raises OSError(EIO) when no replica
         could serve the chunk within ``read_timeout``.
         """
@@ -154,7 +172,7 @@ class DataClient:
             seen[0] = info
             failures: list[str] = []
             bad_requests = 0
-            missing = 0
+            missing = 0  # replicas without the chunk, or with less of it than ``need``
             for target in self._replicas(chain):
                 address = target.data_address
                 with self._lock:
@@ -177,11 +195,17 @@ class DataClient:
                 finally:
                     with self._lock:
                         self._outstanding[address] -= 1
+                if n < need:  # it lacks data that was written: another replica may have it
+                    missing += 1
+                    continue
                 if n < len(out):
                     out[n:] = bytes(len(out) - n)
                 return
-            if missing and not failures:  # every serving replica says so: a hole
-                out[:] = bytes(len(out))
+            if missing and not failures:  # every serving replica says so
+                if need:
+                    fatal.append(ChunkLost(chain_id, inode, index, offset + need))
+                    return
+                out[:] = bytes(len(out))  # a hole
                 return
             if failures and bad_requests == len(failures):
                 fatal.append(OSError(errno.EIO, f"storage refused the read: {failures[0]}"))

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from emberfs.common import extents
 from emberfs.common.periodic import Periodic
 from emberfs.proto import common_pb2
 
@@ -59,6 +60,11 @@ class OpenHandle:
     @property
     def chunk_size(self) -> int:
         return self.attr.layout.chunk_size
+
+    @property
+    def holes(self) -> list[tuple[int, int]]:
+        """The ranges a truncation grew the file over: they read as zeros."""
+        return extents.holes_of(self.attr)
 
     @classmethod
     def from_open(cls, path: str, resp) -> OpenHandle:

@@ -143,6 +143,11 @@ class MetaClient:
         req = meta_pb2.StatRequest(ctx=self.context(), path=path, follow=follow)
         return self.meta("Stat", req, path).attr
 
+    def stat_inode(self, inode: int, path: str | None = None) -> common_pb2.InodeAttr:
+        """Attributes of inode ``inode`` (``path`` names it in errors)."""
+        req = meta_pb2.StatRequest(ctx=self.context(), inode=inode)
+        return self.meta("Stat", req, path).attr
+
     def open(self, path: str, flags: int, mode: int = 0o644) -> meta_pb2.OpenResponse:
         """Open ``path`` (one round trip: attributes, layout, write session)."""
         req = meta_pb2.OpenRequest(ctx=self.context(), path=path, flags=flags, mode=mode)

@@ -62,7 +62,7 @@ class Layout(_message.Message):
     def __init__(self, chunk_size: _Optional[int] = ..., stripe: _Optional[int] = ..., seed: _Optional[int] = ..., chain_table: _Optional[_Iterable[int]] = ..., chains: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InodeAttr(_message.Message):
-    __slots__ = ("inode", "type", "mode", "uid", "gid", "size", "mtime_ns", "ctime_ns", "crtime_ns", "nlink", "layout", "symlink_target")
+    __slots__ = ("inode", "type", "mode", "uid", "gid", "size", "mtime_ns", "ctime_ns", "crtime_ns", "nlink", "layout", "symlink_target", "holes")
     INODE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class InodeAttr(_message.Message):
     NLINK_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
+    HOLES_FIELD_NUMBER: _ClassVar[int]
     inode: int
     type: FileType
     mode: int
@@ -87,7 +88,16 @@ class InodeAttr(_message.Message):
     nlink: int
     layout: Layout
     symlink_target: str
-    def __init__(self, inode: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., crtime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[str] = ...) -> None: ...
+    holes: _containers.RepeatedCompositeFieldContainer[ByteRange]
+    def __init__(self, inode: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., crtime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[str] = ..., holes: _Optional[_Iterable[_Union[ByteRange, _Mapping]]] = ...) -> None: ...
+
+class ByteRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class TargetInfo(_message.Message):
     __slots__ = ("target_id", "node_id", "data_address", "grpc_address", "state", "capacity", "used", "chunks", "chain_id")

@@ -17,6 +17,7 @@ loses its unsynced length.
 
 from __future__ import annotations
 
+from emberfs.common import extents
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
 from emberfs.metaserver import access, keys, lookup, records
 from emberfs.metaserver.kv import KVEngine
@@ -91,7 +92,7 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
     if flags & meta_pb2.OPEN_TRUNCATE and attr.size > 0:
         if op.env.truncate_chunks is not None:
             op.env.truncate_chunks(attr, 0)
-        attr.size = 0
+        extents.resize(attr, 0, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
         op.put_inode(attr)
     session_id = op.add_session(attr.inode)
@@ -129,7 +130,7 @@ def sync(op: OpContext, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
     """Set the exact length and mtime (0: now) of a file open for write."""
     validate_length(req.length)
     attr = _session_file(op, req.inode, req.session_id)
-    attr.size = req.length
+    extents.resize(attr, req.length, hole=False)
     attr.mtime_ns = req.mtime_ns or op.now
     attr.ctime_ns = op.now
     op.put_inode(attr)
@@ -143,7 +144,7 @@ def close(op: OpContext, req: meta_pb2.CloseRequest) -> meta_pb2.CloseResponse:
     others = [s for s in op.sessions_of(req.inode) if s.session_id != req.session_id]
     op.end_session(req.inode, req.session_id)
     if req.wrote:
-        attr.size = req.length
+        extents.resize(attr, req.length, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
     if attr.nlink == 0 and not others:
         remove.discard(op, attr)

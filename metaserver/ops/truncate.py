@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from emberfs.common import extents
 from emberfs.common.errors import InvalidArgument, IsADirectory
 from emberfs.metaserver import access, lookup
 from emberfs.metaserver.opcontext import OpContext
@@ -26,7 +27,7 @@ def truncate(op: OpContext, req: meta_pb2.TruncateRequest) -> meta_pb2.TruncateR
     access.check(attr, op.creds, access.WRITE, req.path)
     if req.length < attr.size and op.env.truncate_chunks is not None:
         op.env.truncate_chunks(attr, req.length)
-    attr.size = req.length
+    extents.resize(attr, req.length, hole=True)  # growing leaves a hole that reads as zeros
     attr.mtime_ns = attr.ctime_ns = op.now
     op.put_inode(attr)
     return meta_pb2.TruncateResponse(attr=attr)

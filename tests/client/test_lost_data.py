@@ -1,0 +1,114 @@
+"""Reads never pass off missing data as zeros: holes read as zeros, lost or removed data is an error.
+
+Real processes: the shared local cluster. A file's chunks are taken away on
+every replica the ways they can go: the file removed while a reader has it
+open (the chunks are garbage-collected), the file replaced by a rename while
+open, and chunk records gone on every replica (as recovery after a power loss
+drops a record whose file did not reach the disk).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import grpc
+import pytest
+
+from emberfs.proto import storage_pb2, storage_pb2_grpc
+
+CHUNK = 1024 * 1024  # the cluster's default layout has larger chunks; the data spans several
+pytestmark = pytest.mark.timeout(120)
+
+
+def replicas_of(cluster, inode: int) -> dict[int, list[int]]:
+    """target id -> the chunk indexes of ``inode`` it holds."""
+    out = {}
+    for t in cluster.routing().targets:
+        with grpc.insecure_channel(t.grpc_address) as channel:
+            stub = storage_pb2_grpc.StorageServiceStub(channel)
+            resp = stub.ListChunks(
+                storage_pb2.ListChunksRequest(target_id=t.target_id, inode=inode), timeout=5
+            )
+            out[t.target_id] = [c.index for c in resp.chunks]
+    return out
+
+
+def remove_everywhere(cluster, inode: int, index: int) -> None:
+    """Chunk ``index`` of ``inode`` gone from every replica."""
+    for t in cluster.routing().targets:
+        with grpc.insecure_channel(t.grpc_address) as channel:
+            storage_pb2_grpc.StorageServiceStub(channel).RemoveChunks(
+                storage_pb2.RemoveChunksRequest(
+                    target_id=t.target_id, inode=inode, indices=[index]
+                ),
+                timeout=5,
+            )
+
+
+def wait_collected(cluster, inode: int) -> None:
+    deadline = time.monotonic() + 60
+    while any(replicas_of(cluster, inode).values()):
+        assert time.monotonic() < deadline, "the removed file's chunks were not collected"
+        time.sleep(0.2)
+
+
+def test_a_file_removed_while_open_is_stale_not_zeros(cluster, fs, base):
+    data = os.urandom(3 * CHUNK)
+    fs.pipe_file(f"{base}/gone.bin", data)
+    inode = fs.info(f"{base}/gone.bin")["ino"]
+    with fs.open(f"{base}/gone.bin", "rb", block_size=0) as f:  # every read goes to storage
+        assert f.read(CHUNK) == data[:CHUNK]
+        fs.rm(f"{base}/gone.bin")
+        wait_collected(cluster, inode)
+        with pytest.raises(OSError) as err:
+            f.read()
+        assert err.value.errno == errno.ESTALE
+
+
+def test_a_file_replaced_by_a_rename_while_open_is_stale_not_zeros(cluster, fs, base):
+    old, new = os.urandom(2 * CHUNK), os.urandom(2 * CHUNK)
+    fs.pipe_file(f"{base}/a.bin", old)
+    fs.pipe_file(f"{base}/b.bin", new)
+    inode = fs.info(f"{base}/a.bin")["ino"]
+    with fs.open(f"{base}/a.bin", "rb", block_size=0) as f:
+        fs.mv(f"{base}/b.bin", f"{base}/a.bin")
+        wait_collected(cluster, inode)
+        with pytest.raises(OSError) as err:
+            f.read()
+        assert err.value.errno == errno.ESTALE
+    assert fs.cat_file(f"{base}/a.bin") == new
+
+
+def test_data_gone_from_every_replica_is_an_error_naming_the_file(cluster, fs, base):
+    data = os.urandom(3 * CHUNK)
+    path = f"{base}/lost.bin"
+    fs.pipe_file(path, data)
+    info = fs.info(path)
+    lost_index = (2 * CHUNK) // info["chunk_size"]
+    remove_everywhere(cluster, info["ino"], lost_index)
+    fresh = type(fs)(fs.meta, skip_instance_cache=True)
+    try:
+        with pytest.raises(OSError) as err:
+            fresh.cat_file(path)
+        assert err.value.errno == errno.EIO
+        assert path in str(err.value) and f"chunk {lost_index}" in str(err.value)
+        with pytest.raises(OSError):
+            with fresh.open(path, "rb") as f:
+                f.read()
+    finally:
+        fresh.close()
+
+
+def test_a_hole_made_by_growing_a_file_reads_as_zeros(fs, base):
+    path = f"{base}/grown.bin"
+    fs.pipe_file(path, b"x" * 1000)
+    fs.truncate(path, 3 * CHUNK + 17)
+    assert fs.cat_file(path) == b"x" * 1000 + bytes(3 * CHUNK + 17 - 1000)
+    with fs.open(path, "ab") as f:  # data after the hole is data again
+        f.write(b"y" * 100)
+    got = fs.cat_file(path)
+    assert got[:1000] == b"x" * 1000 and got[-100:] == b"y" * 100
+    assert got[1000:-100] == bytes(len(got) - 1100)
+    assert fs.info(path)["size"] == 3 * CHUNK + 117
