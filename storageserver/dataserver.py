@@ -395,10 +395,13 @@ class DataServer:
         """Forward ``plan`` down the chain while staging it here, then commit (chunk lock held).
 
         The update goes to the successor before it is staged here, so both
-        write at once; the replica decides what every outcome leads to.
+        write at once; the replica decides what every outcome leads to. A
+        target without room for it answers NO_SPACE before either.
         """
         req = plan.req
         inode, index = req.chunk.inode, req.chunk.index
+        if not store.admit_write(inode, index, req.offset, len(data), full_chunk=plan.full):
+            return wire.NoSpace(f"target {req.target_id} has no room for the update")
         forward = self._forward(store, plan, data, frame) if plan.successor else None
         try:
             # the frame's block CRCs were verified against the data on arrival

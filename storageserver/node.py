@@ -38,6 +38,7 @@ from emberfs.storageserver.dataserver import DataServer
 from emberfs.storageserver.gc import run_gc_once
 from emberfs.storageserver.resync import sync_successor
 from emberfs.storageserver.service import StorageServicer, add_to_server
+from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class Node:
         system allows it.
     spare_bytes : int, default chunkstore.DEFAULT_SPARE_BYTES
         Bytes of replaced chunk files each target keeps to write new chunks over.
+    reserve_bytes : int, default space.DEFAULT_RESERVE_BYTES
+        Bytes of each target's file system that chunk writes leave free.
     background_interval : float, default 1.0
         Seconds between garbage-collection / resync rounds.
     """
@@ -124,6 +127,7 @@ class Node:
         fsync: bool = False,
         direct_io: bool = True,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         background_interval: float = 1.0,
     ):
         if not 1 <= targets <= MAX_TARGETS:
@@ -140,6 +144,7 @@ class Node:
         self.fsync = fsync
         self.direct_io = direct_io
         self.spare_bytes = spare_bytes
+        self.reserve_bytes = reserve_bytes
         self.background_interval = background_interval
 
         self.node_id = ""
@@ -237,6 +242,7 @@ class Node:
                 fsync=self.fsync,
                 direct_io=self.direct_io,
                 spare_bytes=self.spare_bytes,
+                reserve_bytes=self.reserve_bytes,
             )
             self._local.append(store)
             self._target_ids.append(_read_int(store.root / "target_id"))
