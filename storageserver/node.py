@@ -8,8 +8,8 @@ A node owns ``--targets`` targets, ``DATA_DIR/target-<k>`` for k = 1..N, each a
 - registers with the metaserver's ``ClusterService`` (retrying until it
   answers), keeping the target ids it is given in ``target-<k>/target_id`` and
   its node id in ``DATA_DIR/node_id``;
-- sends a heartbeat with its targets' usage every ``heartbeat_interval``
-  seconds and keeps the newest routing information it hears of;
+- sends a heartbeat with its targets' usage (and whether each is full) every
+  ``heartbeat_interval`` seconds and keeps the newest routing information it hears of;
 - runs a background loop that drains the garbage-collection queue and, for
   each local SERVING target whose successor is SYNCING, copies the chunks the
   successor lacks (one resync per chain at a time) and reports ``SyncDone``.
@@ -211,6 +211,7 @@ class Node:
                     chunks=st["chunks"],
                     bytes_read=read,
                     bytes_written=written,
+                    full=st["full"],
                 )
             )
         return out
