@@ -139,7 +139,8 @@ def show_status(c: dict, console: Console) -> None:
             f"{targets[s]} {_styled(s)}"
             for s in ("serving", "syncing", "waiting", "lastsrv", "offline")
             if targets[s]
-        ),
+        )
+        + (f", {targets['full']} [red]full[/red]" if targets.get("full") else ""),
     )
     t.add_row(
         "chains",
@@ -177,7 +178,7 @@ def show_targets(targets: list[dict], console: Console) -> None:
             str(x["id"]),
             escape(x["node"]),
             escape(x["address"]),
-            _styled(x["state"]),
+            _styled(x["state"]) + (" [red]full[/red]" if x.get("full") else ""),
             str(x["chain"] or "-"),
             str(x["chunks"]),
             _bytes(x["used"]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import os
 import threading
 from collections import defaultdict
 
@@ -260,7 +261,8 @@ class DataClient:
 
         Returns once the whole chain holds it. Retries (with the same request
         id, so the chain applies it once) after routing refreshes until
-        ``write_timeout``; then raises OSError(EIO).
+        ``write_timeout``; then raises OSError(EIO). A replica of the chain
+        without room for the update (NO_SPACE) raises OSError(ENOSPC) at once.
         """
         request_id = self.ids.next()
         seen: list[RoutingView | None] = [None]
@@ -286,6 +288,12 @@ class DataClient:
             try:
                 meta = wire.call(self.pool, head.data_address, Op.WRITE, req, payload)
                 return data_pb2.ChunkWriteResponse.FromString(meta)
+            except wire.NoSpace as exc:
+                raise OSError(
+                    errno.ENOSPC,
+                    f"{os.strerror(errno.ENOSPC)} (chunk {index} on chain {chain_id}: "
+                    f"{exc.message})",
+                ) from None
             except wire.Refused as exc:
                 if exc.retryable or isinstance(exc, wire.ServerError):
                     raise TransientError(f"{head.data_address}: {exc}") from None

@@ -199,6 +199,8 @@ class EmberFile(AbstractBufferedFile):
         try:
             fut.result()
         except BaseException as exc:
+            if isinstance(exc, OSError) and exc.filename is None:
+                exc.filename = self.path  # the file whose write failed
             if self._failed is None:
                 self._failed = exc
             raise

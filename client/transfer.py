@@ -243,7 +243,7 @@ class BatchTransfer:
         finally:
             for h in opened.values():
                 sessions.unregister(h)
-        return {p: _as_oserror(error, f"writing {p}") for p, error in failed.items()}
+        return {p: _as_oserror(error, f"writing {p}", p) for p, error in failed.items()}
 
     # moving files --------------------------------------------------------------------
     def get(self, pairs: list[tuple[str, str]], callback) -> None:
@@ -358,7 +358,7 @@ class BatchTransfer:
                 with callback.branched(local, r) as child:
                     self.fs.put_file(local, r, callback=child, mode=mode)
             except Exception as exc:
-                failed[i] = _as_oserror(exc, f"writing {r}")
+                failed[i] = _as_oserror(exc, f"writing {r}", r)
             callback.relative_update(1)
         if failed:
             raise failed[min(failed)]
@@ -497,10 +497,15 @@ def _write_local(path, data) -> None:
         f.write(data)
 
 
-def _as_oserror(error: BaseException, doing: str) -> OSError:
-    """``error`` itself when it is an OSError, else an EIO naming what failed."""
+def _as_oserror(error: BaseException, doing: str, path: str | None = None) -> OSError:
+    """``error`` itself when it is an OSError, else an EIO naming what failed.
+
+    An OSError that names no file is given ``path`` as its file name.
+    """
     if isinstance(error, OSError):
+        if path is not None and error.filename is None:
+            error.filename = path
         return error
-    wrapped = OSError(errno.EIO, f"{doing} failed: {error}")
+    wrapped = OSError(errno.EIO, f"{doing} failed: {error}", path)
     wrapped.__cause__ = error
     return wrapped

@@ -58,6 +58,7 @@ class Status(enum.IntEnum):
     NOT_SERVING = 6  # the target cannot serve this (not in the chain, not serving, not head)
     INTERNAL = 7
     BUSY = 8  # too many requests in flight; retry later
+    NO_SPACE = 9  # a replica's file system has no room for the update: not retried
 
 
 RETRYABLE = frozenset(

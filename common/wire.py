@@ -109,6 +109,10 @@ class Busy(Refused):
     status = Status.BUSY  # too many requests or connections: retry later
 
 
+class NoSpace(Refused):
+    status = Status.NO_SPACE  # a replica of the chain has no room for the update
+
+
 _BY_STATUS: dict[int, type[Refused]] = {cls.status: cls for cls in Refused.__subclasses__()}
 
 

@@ -66,7 +66,7 @@ class Node:
 class _Changes:
     nodes: set[str] = field(default_factory=set)
     targets: set[int] = field(default_factory=set)  # state, chain or new target: bumps routing
-    usage: set[int] = field(default_factory=set)  # capacity/used/chunks only
+    usage: set[int] = field(default_factory=set)  # capacity/used/chunks/full only
     chains: set[int] = field(default_factory=set)
     admin: bool = False  # drains or fenced targets changed
 
@@ -431,12 +431,13 @@ class ClusterManager:
 
     def _set_usage(self, tid: int, report: cluster_pb2.TargetReport, changes: _Changes) -> None:
         info = self._targets[tid]
-        if (info.capacity, info.used, info.chunks) != (report.capacity, report.used, report.chunks):
-            info.capacity, info.used, info.chunks = report.capacity, report.used, report.chunks
+        reported = (report.capacity, report.used, report.chunks, report.full)
+        if (info.capacity, info.used, info.chunks, info.full) != reported:
+            info.capacity, info.used, info.chunks, info.full = reported
             changes.usage.add(tid)
 
     def heartbeat(self, req: cluster_pb2.HeartbeatRequest) -> cluster_pb2.HeartbeatResponse:
-        """Refresh a node's liveness and its targets' usage.
+        """Refresh a node's liveness and its targets' usage (and whether each is full).
 
         Targets of the node that were offline (or lastsrv) come back. The
         response carries the routing info when the node's version is older,

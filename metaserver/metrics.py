@@ -5,9 +5,9 @@ Two kinds of metrics, both exposed on the admin API's ``/metrics``:
 * counters and histograms of the gRPC calls served (``MetaService`` and
   ``ClusterService``), kept in :data:`REGISTRY` and fed by
   :class:`MetricsInterceptor`, which the gRPC server installs;
-* gauges of the cluster and namespace state (targets by state, chains by
-  health, capacity, inode counts, GC queue, storage I/O totals), read at
-  scrape time by :class:`ClusterCollector`.
+* gauges of the cluster and namespace state (targets by state, full
+  targets, chains by health, capacity, inode counts, GC queue, storage I/O
+  totals), read at scrape time by :class:`ClusterCollector`.
 
 :func:`registry_for` combines both (plus the process and Python runtime
 collectors) into the registry one admin app serves.
@@ -148,6 +148,11 @@ class ClusterCollector(Collector):
         for state in STATES:
             targets.add_metric([state], by_state[state])
         yield targets
+        yield GaugeMetricFamily(
+            "emberfs_targets_full",
+            "Storage targets whose file system is full: their chains answer writes NO_SPACE.",
+            value=sum(t.full for t in routing.targets),
+        )
 
         by_health = dict.fromkeys(HEALTHS, 0)
         for c in routing.chains:

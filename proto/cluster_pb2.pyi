@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TargetReport(_message.Message):
-    __slots__ = ("target_id", "capacity", "used", "chunks", "bytes_read", "bytes_written")
+    __slots__ = ("target_id", "capacity", "used", "chunks", "bytes_read", "bytes_written", "full")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     BYTES_READ_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     capacity: int
     used: int
     chunks: int
     bytes_read: int
     bytes_written: int
-    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., chunks: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+    full: bool
+    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., chunks: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., full: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "data_address", "grpc_address", "targets")

@@ -100,7 +100,7 @@ class ByteRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class TargetInfo(_message.Message):
-    __slots__ = ("target_id", "node_id", "data_address", "grpc_address", "state", "capacity", "used", "chunks", "chain_id")
+    __slots__ = ("target_id", "node_id", "data_address", "grpc_address", "state", "capacity", "used", "chunks", "chain_id", "full")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class TargetInfo(_message.Message):
     USED_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     node_id: str
     data_address: str
@@ -119,7 +120,8 @@ class TargetInfo(_message.Message):
     used: int
     chunks: int
     chain_id: int
-    def __init__(self, target_id: _Optional[int] = ..., node_id: _Optional[str] = ..., data_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., state: _Optional[_Union[TargetState, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., chunks: _Optional[int] = ..., chain_id: _Optional[int] = ...) -> None: ...
+    full: bool
+    def __init__(self, target_id: _Optional[int] = ..., node_id: _Optional[str] = ..., data_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., state: _Optional[_Union[TargetState, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., chunks: _Optional[int] = ..., chain_id: _Optional[int] = ..., full: _Optional[bool] = ...) -> None: ...
 
 class ChainInfo(_message.Message):
     __slots__ = ("chain_id", "version", "targets")

@@ -16,7 +16,8 @@ skips the allocation of the file system (and, on thin-provisioned or trimmed
 virtual disks, of the device). A spare holds another chunk's bytes until it is
 written over, but never past its new length. A reader's file
 (:meth:`ChunkFiles.open_reader`) is unlinked when retired, never written over,
-so it keeps reading the version it opened.
+so it keeps reading the version it opened. A target short of space drops
+its spares (:meth:`ChunkFiles.drop_spares`) before it refuses a write.
 
 Direct I/O. Files are written with ``O_DIRECT`` where the file system allows
 it: the largest 4 KiB-aligned part of the content goes straight from the
@@ -28,6 +29,8 @@ cached pages coherent. Where ``O_DIRECT`` is refused (tmpfs and some network
 file systems) writes fall back to the page cache by themselves;
 ``direct_io=False`` asks for them.
 
+A write that fails (ENOSPC among others) leaves nothing of the new file.
+
 Durability: without ``fsync`` a written file is in the page cache or on the
 device, which a killed process cannot lose; with ``fsync=True`` the file and
 its directory entry are fsynced before :meth:`ChunkFiles.write` returns.
@@ -38,6 +41,7 @@ the byte counts are kept under one lock, file I/O runs outside it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -256,24 +260,29 @@ class ChunkFiles:
                 self._spare_total -= spare[1]
         path = self.path(inode, index, version, fid)
         new_dir = False
-        for attempt in range(3):
-            try:
-                if spare is not None:
-                    os.rename(spare[0], path)
-                    fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-                else:
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-                    fd = os.open(path, flags, 0o644)
-                break
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                if spare is not None and not spare[0].exists():
-                    spare = None  # gone (removed by hand): create the file instead
-                    continue
-                # first chunk of the inode here, or remove_inode_dir just dropped the directory
-                path.parent.mkdir(exist_ok=True)
-                new_dir = True
+        try:
+            for attempt in range(3):
+                try:
+                    if spare is not None:
+                        os.rename(spare[0], path)
+                        fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+                    else:
+                        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+                        fd = os.open(path, flags, 0o644)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+                    if spare is not None and not spare[0].exists():
+                        spare = None  # gone (removed by hand): create the file instead
+                        continue
+                    # first chunk of the inode here, or remove_inode_dir just dropped it
+                    path.parent.mkdir(exist_ok=True)
+                    new_dir = True
+        except BaseException:
+            if new_dir:
+                self.remove_inode_dir(inode)  # no file could be made in it (no inode left)
+            raise
         try:
             written = self._write_direct(path, view) if self.direct_io else 0
             while written < len(view):
@@ -282,9 +291,11 @@ class ChunkFiles:
                 os.ftruncate(fd, len(view))  # nothing of the spare's old content past the end
             if self.fsync:
                 os.fsync(fd)
-        except BaseException:
+        except BaseException:  # ENOSPC among others: nothing of the new file stays
             os.close(fd)
             os.unlink(path)
+            if new_dir:
+                self.remove_inode_dir(inode)
             raise
         os.close(fd)
         if self.fsync:
@@ -382,6 +393,21 @@ class ChunkFiles:
         if freed:
             with self._lock:
                 self._used -= freed
+
+    def drop_spares(self) -> int:
+        """Unlink every spare file (the file system wants their space); the bytes freed."""
+        with self._lock:
+            spares, self._spares = self._spares, []
+            freed = sum(size for _, size in spares)
+            self._spare_total -= freed
+        for path, _ in spares:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if spares:
+            log.info(
+                "%s: dropped %d spare files (%d bytes) for space", self.root, len(spares), freed
+            )
+        return freed
 
     # ------------------------------------------------------------------ reading
 

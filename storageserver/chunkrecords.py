@@ -21,7 +21,10 @@ serialise the read-modify-write of one record
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ _CONFIG_KEY = b"\x00" * _KEY.size  # inode 0 is never a chunk: the store's own s
 _CONFIG = struct.Struct("<II")  # format, block size
 _FORMAT = 1
 _RECORD = struct.Struct("<BQQIIQQII")
+_NO_SPACE = os.strerror(errno.ENOSPC)  # in the message of RocksDB's IOError
 
 
 @dataclass
@@ -243,11 +247,29 @@ class ChunkRecords:
 
     def put(self, inode: int, index: int, rec: ChunkRecord) -> None:
         """Store the record of chunk ``(inode, index)``."""
-        self._db.put(_KEY.pack(inode, index), rec.encode(), self._wopts)
+        with self._no_space():
+            self._db.put(_KEY.pack(inode, index), rec.encode(), self._wopts)
 
     def delete(self, inode: int, index: int) -> None:
         """Delete the record of chunk ``(inode, index)``."""
-        self._db.delete(_KEY.pack(inode, index), self._wopts)
+        with self._no_space():
+            self._db.delete(_KEY.pack(inode, index), self._wopts)
+
+    @contextlib.contextmanager
+    def _no_space(self) -> Iterator[None]:
+        """RocksDB's "no space left" error raised as ``OSError(ENOSPC)``.
+
+        RocksDB then refuses every later change ("Writer has previous
+        error") until the database is reopened (the storage server restarts).
+        """
+        try:
+            yield
+        except OSError:
+            raise
+        except Exception as exc:
+            if _NO_SPACE not in str(exc):
+                raise
+            raise OSError(errno.ENOSPC, f"{self.root}: chunk records: {exc}") from exc
 
     def scan(
         self, inode: int, after: tuple[int, int] | None, limit: int | None

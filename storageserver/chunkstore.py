@@ -21,6 +21,12 @@ the chain has answered. Reopening a store drops pending versions and deletes
 files that no record refers to (spares are kept), so after ``kill -9`` at any
 point a chunk reads back as its last committed version.
 
+Space: :meth:`ChunkStore.admit_write` says whether the version a write would
+stage fits in the file system, leaving its reserve free
+(:class:`~emberfs.storageserver.space.SpaceGuard`); a stage or copy that
+fails with ENOSPC anyway makes the target full, and leaves neither a file nor
+a record behind.
+
 Durability: by default files are written without ``fsync`` and the RocksDB WAL
 is written but not synced. A killed process then loses nothing (the operating
 system already holds every acknowledged write); a power loss may. With
@@ -47,6 +53,7 @@ from emberfs.common import framing
 from emberfs.common.layout import MAX_CHUNK_SIZE
 from emberfs.storageserver.chunkfiles import DEFAULT_SPARE_BYTES, ChunkFiles, pread_all
 from emberfs.storageserver.chunkrecords import ChunkMeta, ChunkRecord, ChunkRecords
+from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES, SpaceGuard, is_no_space
 
 MAX_INODE = (1 << 64) - 1
 MAX_INDEX = (1 << 32) - 1
@@ -95,6 +102,15 @@ class ChunkStore:
         Bytes of retired chunk files kept to be written over by new versions
         (see :mod:`~emberfs.storageserver.chunkfiles`); 0 unlinks every
         retired file.
+    reserve_bytes : int, default DEFAULT_RESERVE_BYTES
+        Bytes of the file system that new versions leave free (see
+        :mod:`~emberfs.storageserver.space`).
+
+    Attributes
+    ----------
+    space : SpaceGuard
+        The file system's free space: :meth:`admit_write` asks it, and a
+        stage or copy that fails with ENOSPC makes the target full.
     """
 
     def __init__(
@@ -105,6 +121,7 @@ class ChunkStore:
         fsync: bool = False,
         direct_io: bool = True,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     ):
         if not framing.MIN_BLOCK <= block_size <= framing.MAX_DATA:
             raise ValueError(f"block size {block_size} is out of range")
@@ -118,6 +135,9 @@ class ChunkStore:
         self._closed = False
         try:
             self._count = self._records.recover(self._files)
+            self.space = SpaceGuard(
+                self.root, reserve=reserve_bytes, release=self._files.drop_spares
+            )
         except BaseException:
             self._records.close()
             raise
@@ -187,6 +207,33 @@ class ChunkStore:
 
     # ------------------------------------------------------------------ updates
 
+    def admit_write(
+        self, inode: int, index: int, offset: int, length: int, *, full_chunk: bool = False
+    ) -> bool:
+        """Whether the file system has room for the version that :meth:`stage` would write.
+
+        That version holds the whole new content: ``length`` bytes when
+        ``full_chunk``, else the committed content with ``length`` bytes at
+        ``offset``. False when the target is full (:attr:`space`).
+        """
+        _check_chunk(inode, index)
+        size = length
+        if not full_chunk:
+            rec = self._records.get(inode, index)
+            old = rec.c_len if rec is not None and rec.c_version else 0
+            size = max(old, offset + length)
+        return self.space.admit(size)
+
+    @contextlib.contextmanager
+    def _taking_space(self, nbytes: int) -> Iterator[None]:
+        """A write of ``nbytes`` that fails with ENOSPC (or EDQUOT) makes the target full."""
+        try:
+            yield
+        except OSError as exc:
+            if is_no_space(exc):
+                self.space.exhausted(nbytes)
+            raise
+
     def _stage_new(self, inode: int, index: int, version: int, build) -> ChunkMeta:
         """Write a pending version whose content ``build(committed record)`` returns.
 
@@ -202,26 +249,38 @@ class ChunkStore:
                     f"the committed version {base.c_version}"
                 )
             content, crcs, checksum = build(base)
-            path, fid = self._files.write(inode, index, version, content)
+            with self._taking_space(len(content)):
+                path, fid = self._files.write(inode, index, version, content)
+            written = (path, len(content))
             garbage: list[tuple[Path, int]] = []
-            with self._lock:
-                rec = self._records.get(inode, index)
-                ref = (rec.c_version, rec.c_fid) if rec else (0, 0)
-                if ref != base_ref:
-                    garbage.append((path, len(content)))
-                    rec = None
-                else:
-                    if rec is None:
-                        rec = ChunkRecord()
-                        self._count += 1
-                    elif rec.p_version:
-                        garbage.append(
-                            (self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)
-                        )
-                    rec.p_version, rec.p_fid = version, fid
-                    rec.p_len, rec.p_sum, rec.p_crcs = len(content), checksum, crcs
-                    self._records.put(inode, index, rec)
-                    meta = rec.meta(inode, index)
+            try:
+                with self._lock:
+                    rec = self._records.get(inode, index)
+                    ref = (rec.c_version, rec.c_fid) if rec else (0, 0)
+                    if ref != base_ref:
+                        garbage.append(written)
+                        rec = None
+                    else:
+                        new = rec is None
+                        replaced = None
+                        if new:
+                            rec = ChunkRecord()
+                        elif rec.p_version:
+                            replaced = (
+                                self._files.path(inode, index, rec.p_version, rec.p_fid),
+                                rec.p_len,
+                            )
+                        rec.p_version, rec.p_fid = version, fid
+                        rec.p_len, rec.p_sum, rec.p_crcs = len(content), checksum, crcs
+                        with self._taking_space(len(content)):
+                            self._records.put(inode, index, rec)
+                        self._count += new
+                        if replaced is not None:
+                            garbage.append(replaced)
+                        meta = rec.meta(inode, index)
+            except BaseException:
+                self._files.retire([written])  # no record refers to it
+                raise
             self._files.retire(garbage)
             if rec is not None:
                 return meta
@@ -428,30 +487,40 @@ class ChunkStore:
 
         if stale(self._records.get(inode, index)):
             return False
-        path, fid = self._files.write(inode, index, version, view)
+        with self._taking_space(len(view)):
+            path, fid = self._files.write(inode, index, version, view)
+        written = (path, len(view))
         garbage: list[tuple[Path, int]] = []
-        with self._lock:
-            rec = self._records.get(inode, index)
-            if stale(rec):
-                garbage.append((path, len(view)))
-                applied = False
-            else:
-                if rec is None:
-                    rec = ChunkRecord()
-                    self._count += 1
-                if rec.c_version:
-                    garbage.append(
-                        (self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len)
-                    )
-                if rec.p_version and (replace or rec.p_version <= version):
-                    garbage.append(
-                        (self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)
-                    )
-                    rec.drop_pending()
-                rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
-                rec.c_sum, rec.c_crcs = checksum, crcs
-                self._records.put(inode, index, rec)
-                applied = True
+        try:
+            with self._lock:
+                rec = self._records.get(inode, index)
+                if stale(rec):
+                    garbage.append(written)
+                    applied = False
+                else:
+                    new = rec is None
+                    replaced = []
+                    if new:
+                        rec = ChunkRecord()
+                    if rec.c_version:
+                        replaced.append(
+                            (self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len)
+                        )
+                    if rec.p_version and (replace or rec.p_version <= version):
+                        replaced.append(
+                            (self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)
+                        )
+                        rec.drop_pending()
+                    rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
+                    rec.c_sum, rec.c_crcs = checksum, crcs
+                    with self._taking_space(len(view)):
+                        self._records.put(inode, index, rec)
+                    self._count += new
+                    garbage.extend(replaced)
+                    applied = True
+        except BaseException:
+            self._files.retire([written])  # no record refers to it
+            raise
         self._files.retire(garbage)
         return applied
 
@@ -535,11 +604,14 @@ class ChunkStore:
 
     def stats(self) -> dict:
         """``{"capacity": bytes of the filesystem, "used": bytes of chunk files, "chunks": n,
-        "spare": bytes of spare files}``.
+        "spare": bytes of spare files, "full": whether the target refuses writes for lack of
+        space}``.
 
         Spares are not counted as used: new chunks write over them first.
+        Looks at the file system's free space again (:meth:`SpaceGuard.check`).
         """
         st = os.statvfs(self.root)
+        full = self.space.check()
         with self._lock:
             used, spare = self._files.usage()
             return {
@@ -547,6 +619,7 @@ class ChunkStore:
                 "used": used,
                 "chunks": self._count,
                 "spare": spare,
+                "full": full,
             }
 
     def close(self) -> None:

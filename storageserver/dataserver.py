@@ -432,10 +432,13 @@ class DataServer:
         The update goes to the successor before it is staged here, so both
         write at once; the replica decides what every outcome leads to. A head
         that gives up an update it forwarded puts its content back on the chain
-        (:meth:`_given_up`). ``frame`` is the received frame (None for a repair).
+        (:meth:`_given_up`). A target without room for the update answers
+        NO_SPACE before either. ``frame`` is the received frame (None for a repair).
         """
         req = plan.req
         inode, index = req.chunk.inode, req.chunk.index
+        if not store.admit_write(inode, index, req.offset, len(data), full_chunk=plan.full):
+            return wire.NoSpace(f"target {req.target_id} has no room for the update")
         forward = self._successors.send(store, plan, data, frame) if plan.successor else None
         try:
             # the frame's block CRCs were verified against the data on arrival

@@ -20,6 +20,7 @@ from emberfs.common.units import parse_size
 from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES
 from emberfs.storageserver.metrics import start_metrics_server
 from emberfs.storageserver.node import MAX_TARGETS, Node
+from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -68,6 +69,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="replaced chunk files kept per target to be written over by new chunks "
         "(default 1GiB; 0: unlink them)",
     )
+    p.add_argument(
+        "--reserve-bytes",
+        type=parse_size,
+        default=DEFAULT_RESERVE_BYTES,
+        help="bytes of each target's file system that chunk writes leave free; a write "
+        "that would leave less is refused with NO_SPACE (default 64MiB)",
+    )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
     for opt in ("meta", "listen", "grpc_listen", "advertise", "metrics_listen"):
@@ -106,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         fsync=args.fsync,
         direct_io=not args.buffered_io,
         spare_bytes=args.spare_bytes,
+        reserve_bytes=args.reserve_bytes,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.request_stop())

@@ -8,8 +8,8 @@ A node owns ``--targets`` targets, ``DATA_DIR/target-<k>`` for k = 1..N, each a
 - registers with the metaserver's ``ClusterService`` (retrying until it
   answers), keeping the target ids it is given in ``target-<k>/target_id`` and
   its node id in ``DATA_DIR/node_id``;
-- sends a heartbeat with its targets' usage every ``heartbeat_interval``
-  seconds and keeps the newest routing information it hears of;
+- sends a heartbeat with its targets' usage (and whether each is full) every
+  ``heartbeat_interval`` seconds and keeps the newest routing information it hears of;
 - runs a background loop that drains the garbage-collection queue and, for
   each local SERVING target whose successor is SYNCING, copies the chunks the
   successor lacks (one resync per chain at a time) and reports ``SyncDone``.
@@ -38,6 +38,7 @@ from emberfs.storageserver.dataserver import DataServer
 from emberfs.storageserver.gc import run_gc_once
 from emberfs.storageserver.resync import sync_successor
 from emberfs.storageserver.service import StorageServicer, add_to_server
+from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class Node:
         system allows it.
     spare_bytes : int, default chunkstore.DEFAULT_SPARE_BYTES
         Bytes of replaced chunk files each target keeps to write new chunks over.
+    reserve_bytes : int, default space.DEFAULT_RESERVE_BYTES
+        Bytes of each target's file system that chunk writes leave free.
     background_interval : float, default 1.0
         Seconds between garbage-collection / resync rounds.
     """
@@ -124,6 +127,7 @@ class Node:
         fsync: bool = False,
         direct_io: bool = True,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         background_interval: float = 1.0,
     ):
         if not 1 <= targets <= MAX_TARGETS:
@@ -140,6 +144,7 @@ class Node:
         self.fsync = fsync
         self.direct_io = direct_io
         self.spare_bytes = spare_bytes
+        self.reserve_bytes = reserve_bytes
         self.background_interval = background_interval
 
         self.node_id = ""
@@ -226,6 +231,7 @@ class Node:
                     chunks=st["chunks"],
                     bytes_read=read,
                     bytes_written=written,
+                    full=st["full"],
                 )
             )
         return out
@@ -257,6 +263,7 @@ class Node:
                 fsync=self.fsync,
                 direct_io=self.direct_io,
                 spare_bytes=self.spare_bytes,
+                reserve_bytes=self.reserve_bytes,
             )
             self._local.append(store)
             self._target_ids.append(_read_int(store.root / "target_id"))

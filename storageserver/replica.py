@@ -36,6 +36,7 @@ from emberfs.common import wire
 from emberfs.proto import data_pb2
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import VersionConflict
+from emberfs.storageserver.space import is_no_space
 
 ChunkKey = tuple[int, int, int]  # (target id, inode, chunk index)
 
@@ -327,7 +328,8 @@ class Replica:
         """Staging ``plan`` raised ``error``: the refusal to answer, or None to let it propagate.
 
         When the update was already forwarded the successor may hold its
-        version, so the version is never used again for this chunk.
+        version, so the version is never used again for this chunk. A file
+        system without room (ENOSPC) is answered NO_SPACE.
         """
         if forwarded:
             self._raise_floor(plan.key, plan.version)
@@ -335,6 +337,8 @@ class Replica:
             return wire.StaleChain(str(error))
         if isinstance(error, ValueError):
             return wire.BadRequest(str(error))
+        if is_no_space(error):
+            return wire.NoSpace(f"target {plan.key[0]}: {error}")
         return None
 
     def successor_answered(

@@ -294,14 +294,16 @@ class Reply:
 def interpret_reply(status: int, message: str, sent_full: bool) -> tuple[str, Status]:
     """Classify the successor's answer; on failure also the status to answer upstream.
 
-    The upstream status is always retryable: the client refreshes its routing
-    and retries, and nothing is answered OK unless the whole chain holds the update.
+    The upstream status is retryable (the client refreshes its routing and
+    retries, and nothing is answered OK unless the whole chain holds the
+    update), except NO_SPACE, passed up unchanged: a replica has no room for
+    the update, and no retry makes room.
     """
     if status == Status.OK:
         return Reply.OK, Status.OK
     if status == Status.NOT_COMMITTED and message == NEED_FULL_CHUNK and not sent_full:
         return Reply.RESEND_FULL, Status.OK
-    if status in (Status.STALE_CHAIN, Status.BUSY, Status.CHECKSUM):
+    if status in (Status.STALE_CHAIN, Status.BUSY, Status.CHECKSUM, Status.NO_SPACE):
         return Reply.FAIL, Status(status)
     return Reply.FAIL, Status.NOT_SERVING
 

@@ -12,6 +12,7 @@ failure naming its reason: in CI a missing test dependency must not pass unnotic
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 from hypothesis import Phase, settings
@@ -100,3 +101,33 @@ def private_cluster(tmp_path_factory):
     finally:
         for c in clusters:
             c.stop()
+
+
+@pytest.fixture
+def tmpfs():
+    """Mount small tmpfs file systems, each a disk that really fills up; unmounted after the test.
+
+    ``tmpfs(path, size)`` mounts one of ``size`` bytes on ``path`` (made when missing) and
+    returns ``path``. Skips the test where mounting is not allowed (not root, or a container
+    without the capability). Whatever keeps files open there must stop before the test ends.
+    """
+    mounted = []
+
+    def mount(path, size: int):
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip() or done.returncode}")
+        mounted.append(path)
+        return path
+
+    try:
+        yield mount
+    finally:
+        for path in reversed(mounted):
+            if subprocess.run(["umount", str(path)], capture_output=True).returncode:
+                subprocess.run(["umount", "-l", str(path)], check=True)

@@ -50,6 +50,10 @@ class TargetPublic(BaseModel):
     used: int
     chunks: int
     chain: int
+    full: bool = Field(
+        description="its file system has no room for writes: its chain answers them NO_SPACE "
+        "(the client raises ENOSPC) until it has; reads go on"
+    )
 
 
 class ChainMemberPublic(BaseModel):
@@ -90,6 +94,7 @@ class TargetCounts(BaseModel):
     waiting: int
     lastsrv: int
     offline: int
+    full: int = Field(description="targets (in any state) whose file system is full")
 
 
 class ChainCounts(BaseModel):

@@ -28,6 +28,7 @@ def target_public(t: common_pb2.TargetInfo) -> schemas.TargetPublic:
         used=t.used,
         chunks=t.chunks,
         chain=t.chain_id,
+        full=t.full,
     )
 
 
@@ -123,7 +124,9 @@ def cluster_summary(cluster: ClusterManager, gc: GCQueue, namespace: Any) -> sch
         routing_version=routing.version,
         health=health,
         nodes=len(cluster.nodes()),
-        targets=schemas.TargetCounts(total=len(routing.targets), **by_state),
+        targets=schemas.TargetCounts(
+            total=len(routing.targets), full=sum(t.full for t in routing.targets), **by_state
+        ),
         chains=chain_counts,
         capacity=capacity,
         used=used,

@@ -315,6 +315,15 @@ def test_write_retries_with_the_same_request_id(make_client):
     assert all(r.target_id == 1 and r.chunk_size == CHUNK for r in server.requests)
 
 
+def test_a_chain_without_room_raises_enospc_at_once(make_client):
+    server = ScriptedServer(refuse(Status.NO_SPACE))
+    cluster, client = make_client([server], write_timeout=30)
+    with pytest.raises(OSError) as exc:
+        client.write_chunk(7, 1, 0, 0, b"x" * 5000, CHUNK)
+    assert exc.value.errno == errno.ENOSPC and "chain 7" in str(exc.value)
+    assert len(server.requests) == 1 and cluster.fetches == 1  # not retried
+
+
 def test_write_waits_for_a_serving_head(make_client):
     server = ScriptedServer(
         lambda op, req, data: (

@@ -83,6 +83,12 @@ def test_every_status_has_one_exception_and_back():
     assert type(unknown) is wire.Refused and unknown.status == 99 and not unknown.retryable
 
 
+def test_no_space_is_its_own_refusal_and_not_retryable():
+    exc = wire.refusal(Status.NO_SPACE, "target 3: no space left")
+    assert type(exc) is wire.NoSpace and not exc.retryable
+    assert str(exc) == "NO_SPACE: target 3: no space left"
+
+
 def test_an_error_answer_is_raised_and_its_connection_kept(servers):
     server = servers(status=Status.STALE_CHAIN)
     pool = wire.ConnectionPool(connect_timeout=2, io_timeout=5)

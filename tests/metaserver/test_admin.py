@@ -43,6 +43,7 @@ def test_targets_and_chains_json():
             "used": 10,
             "chunks": 2,
             "chain": 1,
+            "full": False,
         },
         {
             "id": 2,
@@ -54,6 +55,7 @@ def test_targets_and_chains_json():
             "used": 10,
             "chunks": 2,
             "chain": 1,
+            "full": False,
         },
     ]
     assert client.get("/api/v1/chains").json() == [

@@ -16,7 +16,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 #: target fields that each heartbeat reports afresh
-REPORTED = ("capacity", "used", "chunks")
+REPORTED = ("capacity", "used", "chunks", "full")
 
 
 def api(cluster, path: str, method: str = "GET", **kwargs) -> httpx.Response:
@@ -69,6 +69,7 @@ def test_cluster_nodes_targets_chains(cluster):
         "waiting": 0,
         "lastsrv": 0,
         "offline": 0,
+        "full": 0,
     }
     assert summary["chains"] == {"total": 2, "healthy": 2, "degraded": 0, "unavailable": 0}
     assert summary["capacity"] > 0 and summary["namespace"]["directories"] >= 1
@@ -91,6 +92,7 @@ def test_cluster_nodes_targets_chains(cluster):
             "used",
             "chunks",
             "chain",
+            "full",
         }
         assert t["state"] == "serving" and t["chain"] in (1, 2)
         # usage comes with heartbeats, which may land between the two calls (GC of
@@ -100,7 +102,7 @@ def test_cluster_nodes_targets_chains(cluster):
         assert {k: v for k, v in one.items() if k not in REPORTED} == {
             k: v for k, v in t.items() if k not in REPORTED
         }
-        assert all(one[k] >= 0 for k in REPORTED)
+        assert all(one[k] >= 0 for k in REPORTED) and one["full"] is False
     missing = api(cluster, "/api/v1/targets/4242")
     assert missing.status_code == 404 and missing.json() == {"detail": "no target 4242"}
     bad = api(cluster, "/api/v1/targets/abc")
@@ -145,6 +147,7 @@ def test_sessions_gc_layouts_and_metrics(cluster, fs):
     assert 'emberfs_meta_requests_total{code="OK",method="Mkdir",service="MetaService"}' in text
     assert "emberfs_meta_request_duration_seconds_bucket" in text
     assert 'emberfs_targets{state="serving"} 6.0' in text
+    assert "emberfs_targets_full 0.0" in text
     assert 'emberfs_chains{health="healthy"} 2.0' in text
     assert 'emberfs_inodes{type="directories"}' in text
 

@@ -591,7 +591,7 @@ def test_truncate_after_an_aborted_update_keeps_replicas_equal(cluster, length):
     give_up_next_write_at_the_head(cluster)
     # the head's repair does not get through (as when its successor is unreachable meanwhile)
     cluster.servers[1].replica.repair_plan = lambda plan, meta: None
-    assert write(cluster, b"b" * 2000)[0] == Status.INTERNAL  # v2 on targets 2 and 3 only
+    assert write(cluster, b"b" * 2000)[0] == Status.NO_SPACE  # v2 on targets 2 and 3 only
     assert [m.version for m in metas(cluster)] == [1, 2, 2]
     assert truncate(cluster, length, stripe=1)[0] == Status.OK
     status, resp, _ = write(cluster, b"c" * 10)
@@ -708,7 +708,7 @@ def test_resync_never_removes_a_chunk_written_while_it_runs(cluster, storage_ser
 def test_a_write_the_head_gives_up_after_forwarding_leaves_the_replicas_alike(cluster):
     assert write(cluster, b"a" * 1000)[0] == Status.OK  # v1 everywhere
     give_up_next_write_at_the_head(cluster)
-    assert write(cluster, b"b" * 2000)[0] == Status.INTERNAL  # targets 2 and 3 committed v2
+    assert write(cluster, b"b" * 2000)[0] == Status.NO_SPACE  # targets 2 and 3 committed v2
     # the head put its own content back, above the given-up version
     assert [m.version for m in metas(cluster)] == [3, 3, 3]
     for t in (1, 2, 3):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 from dataclasses import dataclass, field
 
@@ -139,6 +140,20 @@ def test_staging_failures_map_to_refusals_and_raise_the_floor_once_forwarded():
     bad = replica.staging_failed(plan, ValueError("too long"), forwarded=True)
     assert isinstance(bad, wire.BadRequest) and replica.floor(plan.key) == plan.version
     assert replica.staging_failed(plan, OSError("disk"), forwarded=True) is None
+
+
+def test_a_stage_without_room_is_answered_no_space_and_its_version_never_reused():
+    replica = Replica()
+    plan = replica.plan_write(wreq(), role(), Meta(version=1))
+    full = replica.staging_failed(plan, OSError(errno.ENOSPC, "full"), forwarded=True)
+    assert isinstance(full, wire.NoSpace) and not full.retryable
+    assert replica.floor(plan.key) == plan.version == 2
+    again = replica.plan_write(wreq(), role(), Meta(version=1))
+    assert again.version == 3  # the successor may hold version 2
+    alone = Replica()
+    plan = alone.plan_write(wreq(), role(), Meta(version=1))
+    quota = alone.staging_failed(plan, OSError(errno.EDQUOT, "quota"), forwarded=False)
+    assert isinstance(quota, wire.NoSpace) and alone.floor(plan.key) == 0
 
 
 def test_successor_answers():

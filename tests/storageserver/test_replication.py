@@ -241,9 +241,11 @@ def test_interpret_reply():
     )
     assert rp.interpret_reply(Status.STALE_CHAIN, "", False) == (rp.Reply.FAIL, Status.STALE_CHAIN)
     assert rp.interpret_reply(Status.INTERNAL, "", False) == (rp.Reply.FAIL, Status.NOT_SERVING)
+    # a successor without room: passed up as it is, and no retry makes room
+    assert rp.interpret_reply(Status.NO_SPACE, "", False) == (rp.Reply.FAIL, Status.NO_SPACE)
     for st in Status:
         outcome, upstream = rp.interpret_reply(st, "", False)
-        assert outcome == rp.Reply.OK or upstream in framing.RETRYABLE
+        assert outcome == rp.Reply.OK or upstream in framing.RETRYABLE | {Status.NO_SPACE}
 
 
 def test_overlay():

@@ -41,6 +41,7 @@ function drawCluster(c) {
   setText("targets-total", c.targets.total);
   const states = ["serving", "syncing", "waiting", "lastsrv", "offline"]
     .filter((s) => c.targets[s]).map((s) => c.targets[s] + " " + s);
+  if (c.targets.full) states.push(c.targets.full + " full");
   setText("targets-by-state", states.join(", ") || "none");
   setText("chains-total", c.chains.total);
   setText("chains-by-health", ["healthy", "degraded", "unavailable"]
@@ -97,9 +98,10 @@ function drawTargets(targets) {
   body.replaceChildren(...targets.map((t) => {
     const pct = t.capacity ? (100 * t.used) / t.capacity : 0;
     const bar = el("div", { class: "bar" }, el("div", { style: "width:" + pct.toFixed(1) + "%" }));
-    return el("tr", { "data-target": t.id, "data-state": t.state },
-      el("td", {}, t.id), el("td", {}, t.node), el("td", {}, t.address),
-      el("td", { class: "state" }, pill(t.state, t.state)),
+    const state = el("td", { class: "state" }, pill(t.state, t.state));
+    if (t.full) state.append(pill("full", "full", { title: "no room for writes" }));
+    return el("tr", { "data-target": t.id, "data-state": t.state, "data-full": t.full },
+      el("td", {}, t.id), el("td", {}, t.node), el("td", {}, t.address), state,
       el("td", {}, t.chain || "-"), el("td", {}, t.chunks),
       el("td", {}, el("span", { class: "usage" }, bar, bytes(t.used) + " / " + bytes(t.capacity))));
   }));
