@@ -17,6 +17,7 @@ content is invalid gets an error frame and the connection stays open.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import socket
@@ -42,6 +43,12 @@ log = logging.getLogger(__name__)
 
 
 _OP_NAMES = {Op.READ: "read", Op.WRITE: "write", Op.TRUNCATE: "truncate"}
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
 
 # the answer of a node whose lease from the metaserver ran out (see Node.fenced)
 _FENCED = wire.NotServing("fenced: this server has not heard from the metaserver in time")
@@ -304,6 +311,9 @@ class DataServer:
             if conn.responding:
                 log.info("connection to %s lost while answering: %s", conn.peer, exc)
                 return False
+            if _no_space(exc):
+                # a truncation or a resync copy the target has no room for
+                return self._error(conn, op, wire.NoSpace(f"{type(exc).__name__}: {exc}"))
             log.exception("request from %s failed", conn.peer)
             return self._error(conn, op, wire.ServerError(f"{type(exc).__name__}: {exc}"))
         except Exception as exc:
@@ -456,7 +466,8 @@ class DataServer:
         except BaseException as exc:
             if forward is not None:
                 forward.abandon()
-                self._given_up(store, plan, forward)
+                # a head out of room cannot stage its repair either: the next write mends it
+                self._given_up(store, plan, forward, repair=not _no_space(exc))
             refusal = self.replica.staging_failed(plan, exc, forwarded=forward is not None)
             if refusal is None:
                 raise
@@ -478,7 +489,9 @@ class DataServer:
         self._count(req.target_id, written=len(data))
         return written(meta)
 
-    def _given_up(self, store: ChunkStore, plan: WritePlan, forward: wire.Call | None) -> None:
+    def _given_up(
+        self, store: ChunkStore, plan: WritePlan, forward: wire.Call | None, repair: bool = True
+    ) -> None:
         """``plan`` was given up; if it was forwarded, its version may live on downstream.
 
         The version is never used again here; when the successor may have
@@ -487,7 +500,7 @@ class DataServer:
         """
         inode, index = plan.req.chunk.inode, plan.req.chunk.index
         self.replica.aborted(plan)
-        if forward is None or not forward.sent:
+        if not repair or forward is None or not forward.sent:
             return
         repair = self.replica.repair_plan(plan, store.meta(inode, index))
         if repair is None:
