@@ -35,12 +35,38 @@ from emberfs.storageserver.chunkfiles import ChunkFiles
 
 log = logging.getLogger(__name__)
 
+MAX_INODE = (1 << 64) - 1
+MAX_INDEX = (1 << 32) - 1
+MAX_VERSION = (1 << 64) - 1
+
 _KEY = struct.Struct(">QI")
 _CONFIG_KEY = b"\x00" * _KEY.size  # inode 0 is never a chunk: the store's own settings
 _CONFIG = struct.Struct("<II")  # format, block size
 _FORMAT = 1
 _RECORD = struct.Struct("<BQQIIQQII")
 _NO_SPACE = os.strerror(errno.ENOSPC)  # in the message of RocksDB's IOError
+
+
+class VersionConflict(Exception):
+    """The requested version does not fit the chunk's state.
+
+    Raised when staging a version not newer than the committed one, or when
+    committing a version that is not the pending one.
+    """
+
+
+def check_chunk(inode: int, index: int) -> None:
+    """ValueError unless ``(inode, index)`` can name a chunk."""
+    if not isinstance(inode, int) or not 1 <= inode <= MAX_INODE:
+        raise ValueError(f"inode {inode!r} is outside 1..2^64-1")
+    if not isinstance(index, int) or not 0 <= index <= MAX_INDEX:
+        raise ValueError(f"chunk index {index!r} is outside 0..2^32-1")
+
+
+def check_version(version: int) -> None:
+    """ValueError unless ``version`` can number a chunk version."""
+    if not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise ValueError(f"version {version!r} is outside 1..2^64-1")
 
 
 @dataclass

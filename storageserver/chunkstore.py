@@ -42,6 +42,7 @@ runs under one lock, file I/O outside it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -52,32 +53,15 @@ import crc32c
 from emberfs.common import framing
 from emberfs.common.layout import MAX_CHUNK_SIZE
 from emberfs.storageserver.chunkfiles import DEFAULT_SPARE_BYTES, ChunkFiles, pread_all
-from emberfs.storageserver.chunkrecords import ChunkMeta, ChunkRecord, ChunkRecords
-from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES, SpaceGuard, is_no_space
-
-MAX_INODE = (1 << 64) - 1
-MAX_INDEX = (1 << 32) - 1
-MAX_VERSION = (1 << 64) - 1
-
-
-class VersionConflict(Exception):
-    """The requested version does not fit the chunk's state.
-
-    Raised when staging a version not newer than the committed one, or when
-    committing a version that is not the pending one.
-    """
-
-
-def _check_chunk(inode: int, index: int) -> None:
-    if not isinstance(inode, int) or not 1 <= inode <= MAX_INODE:
-        raise ValueError(f"inode {inode!r} is outside 1..2^64-1")
-    if not isinstance(index, int) or not 0 <= index <= MAX_INDEX:
-        raise ValueError(f"chunk index {index!r} is outside 0..2^32-1")
-
-
-def _check_version(version: int) -> None:
-    if not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
-        raise ValueError(f"version {version!r} is outside 1..2^64-1")
+from emberfs.storageserver.chunkrecords import (
+    ChunkMeta,
+    ChunkRecord,
+    ChunkRecords,
+    VersionConflict,
+    check_chunk,
+    check_version,
+)
+from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES, SpaceGuard
 
 
 class ChunkStore:
@@ -161,7 +145,7 @@ class ChunkStore:
 
     def meta(self, inode: int, index: int) -> ChunkMeta | None:
         """The chunk's metadata, or None when the target has no such chunk."""
-        _check_chunk(inode, index)
+        check_chunk(inode, index)
         rec = self._records.get(inode, index)
         return None if rec is None else rec.meta(inode, index)
 
@@ -178,7 +162,7 @@ class ChunkStore:
         KeyError
             The chunk has no committed version on this target.
         """
-        _check_chunk(inode, index)
+        check_chunk(inode, index)
         with self._lock:
             rec = self._records.get(inode, index)
             if rec is None or not rec.c_version:
@@ -216,7 +200,7 @@ class ChunkStore:
         ``full_chunk``, else the committed content with ``length`` bytes at
         ``offset``. False when the target is full (:attr:`space`).
         """
-        _check_chunk(inode, index)
+        check_chunk(inode, index)
         size = length
         if not full_chunk:
             rec = self._records.get(inode, index)
@@ -224,15 +208,49 @@ class ChunkStore:
             size = max(old, offset + length)
         return self.space.admit(size)
 
-    @contextlib.contextmanager
-    def _taking_space(self, nbytes: int) -> Iterator[None]:
-        """A write of ``nbytes`` that fails with ENOSPC (or EDQUOT) makes the target full."""
+    def _committed_file(self, inode: int, index: int, rec: ChunkRecord) -> tuple[Path, int]:
+        return self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len
+
+    def _pending_file(self, inode: int, index: int, rec: ChunkRecord) -> tuple[Path, int]:
+        return self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len
+
+    def _new_version(self, inode: int, index: int, version: int, content, switch):
+        """Write ``content`` as a new file of ``version``, then let ``switch`` point a record at it.
+
+        ``switch(record or None, file id)`` runs under the store's lock and
+        returns ``(record to store or None, files it replaces, result)``; with
+        None the new file is dropped. Returns the result.
+        """
+        with self.space.taking(len(content)):
+            path, fid = self._files.write(inode, index, version, content)
+        written = (path, len(content))
+        garbage: list[tuple[Path, int]] = []
         try:
-            yield
-        except OSError as exc:
-            if is_no_space(exc):
-                self.space.exhausted(nbytes)
+            with self._lock:
+                old = self._records.get(inode, index)
+                rec, replaced, result = switch(old, fid)
+                if rec is None:
+                    garbage.append(written)
+                else:
+                    with self.space.taking(len(content)):
+                        self._records.put(inode, index, rec)
+                    self._count += old is None
+                    garbage.extend(replaced)
+        except BaseException:
+            self._files.retire([written])  # no record refers to it
             raise
+        self._files.retire(garbage)
+        return result
+
+    def _stage_switch(self, inode, index, base_ref, pending, rec: ChunkRecord | None, fid: int):
+        """Point ``rec`` at a new pending version, unless its committed one moved off ``base_ref``."""
+        if ((rec.c_version, rec.c_fid) if rec else (0, 0)) != base_ref:
+            return None, [], None  # committed meanwhile: build again
+        rec = rec or ChunkRecord()
+        replaced = [self._pending_file(inode, index, rec)] if rec.p_version else []
+        rec.p_version, rec.p_fid = pending[0], fid
+        rec.p_len, rec.p_sum, rec.p_crcs = pending[1:]
+        return rec, replaced, rec.meta(inode, index)
 
     def _stage_new(self, inode: int, index: int, version: int, build) -> ChunkMeta:
         """Write a pending version whose content ``build(committed record)`` returns.
@@ -249,40 +267,10 @@ class ChunkStore:
                     f"the committed version {base.c_version}"
                 )
             content, crcs, checksum = build(base)
-            with self._taking_space(len(content)):
-                path, fid = self._files.write(inode, index, version, content)
-            written = (path, len(content))
-            garbage: list[tuple[Path, int]] = []
-            try:
-                with self._lock:
-                    rec = self._records.get(inode, index)
-                    ref = (rec.c_version, rec.c_fid) if rec else (0, 0)
-                    if ref != base_ref:
-                        garbage.append(written)
-                        rec = None
-                    else:
-                        new = rec is None
-                        replaced = None
-                        if new:
-                            rec = ChunkRecord()
-                        elif rec.p_version:
-                            replaced = (
-                                self._files.path(inode, index, rec.p_version, rec.p_fid),
-                                rec.p_len,
-                            )
-                        rec.p_version, rec.p_fid = version, fid
-                        rec.p_len, rec.p_sum, rec.p_crcs = len(content), checksum, crcs
-                        with self._taking_space(len(content)):
-                            self._records.put(inode, index, rec)
-                        self._count += new
-                        if replaced is not None:
-                            garbage.append(replaced)
-                        meta = rec.meta(inode, index)
-            except BaseException:
-                self._files.retire([written])  # no record refers to it
-                raise
-            self._files.retire(garbage)
-            if rec is not None:
+            pending = (version, len(content), checksum, crcs)
+            switch = functools.partial(self._stage_switch, inode, index, base_ref, pending)
+            meta = self._new_version(inode, index, version, content, switch)
+            if meta is not None:
                 return meta
         raise VersionConflict(f"chunk {inode}:{index}: committed version kept changing")
 
@@ -336,8 +324,8 @@ class ChunkStore:
         VersionConflict
             ``version`` is not newer than the committed version.
         """
-        _check_chunk(inode, index)
-        _check_version(version)
+        check_chunk(inode, index)
+        check_version(version)
         view = memoryview(data).cast("B")
         n = len(view)
         if not 0 < chunk_size <= MAX_CHUNK_SIZE:
@@ -347,12 +335,11 @@ class ChunkStore:
         if full_chunk and offset:
             raise ValueError("a full-chunk write starts at offset 0")
         bs = self.block_size
-        given_crcs = crcs
 
         def build(base: ChunkRecord | None):
             old_len = base.c_len if base and base.c_version else 0
             if full_chunk or (offset == 0 and n >= old_len):
-                block_crcs = given_crcs
+                block_crcs = crcs
                 if block_crcs is None or len(block_crcs) != framing.n_blocks(n, bs):
                     block_crcs = framing.block_crcs(view, bs)
                 return view, list(block_crcs), framing.combine_crcs(block_crcs, bs, n)
@@ -363,10 +350,10 @@ class ChunkStore:
             first = min(offset, old_len) // bs
             last = framing.n_blocks(offset + n, bs)
             old = base.c_crcs if base else []
-            crcs = list(old[:first])
-            crcs.extend(crc32c.crc32c(mv[i * bs : (i + 1) * bs]) for i in range(first, last))
-            crcs.extend(old[last : framing.n_blocks(new_len, bs)])
-            return content, crcs, framing.combine_crcs(crcs, bs, new_len)
+            patched = list(old[:first])
+            patched.extend(crc32c.crc32c(mv[i * bs : (i + 1) * bs]) for i in range(first, last))
+            patched.extend(old[last : framing.n_blocks(new_len, bs)])
+            return content, patched, framing.combine_crcs(patched, bs, new_len)
 
         return self._stage_new(inode, index, version, build)
 
@@ -377,8 +364,8 @@ class ChunkStore:
         (bytes past a chunk's end read as zeros, so a cut never extends).
         Raises like :meth:`stage`.
         """
-        _check_chunk(inode, index)
-        _check_version(version)
+        check_chunk(inode, index)
+        check_version(version)
         if not isinstance(length, int) or not 0 <= length <= MAX_CHUNK_SIZE:
             raise ValueError(f"length {length!r} is out of range")
         bs = self.block_size
@@ -409,8 +396,8 @@ class ChunkStore:
         VersionConflict
             ``version`` is neither pending nor committed.
         """
-        _check_chunk(inode, index)
-        _check_version(version)
+        check_chunk(inode, index)
+        check_version(version)
         with self._lock:
             rec = self._records.get(inode, index)
             if rec is None or rec.p_version != version:
@@ -422,9 +409,7 @@ class ChunkStore:
                 )
             garbage = []
             if rec.c_version:
-                garbage.append(
-                    (self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len)
-                )
+                garbage.append(self._committed_file(inode, index, rec))
             rec.c_version, rec.c_fid, rec.c_len = rec.p_version, rec.p_fid, rec.p_len
             rec.c_sum, rec.c_crcs = rec.p_sum, rec.p_crcs
             rec.drop_pending()
@@ -435,13 +420,13 @@ class ChunkStore:
 
     def abort(self, inode: int, index: int, version: int) -> None:
         """Drop pending ``version`` (nothing happens when it is not pending)."""
-        _check_chunk(inode, index)
-        _check_version(version)
+        check_chunk(inode, index)
+        check_version(version)
         with self._lock:
             rec = self._records.get(inode, index)
             if rec is None or rec.p_version != version:
                 return
-            garbage = [(self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)]
+            garbage = [self._pending_file(inode, index, rec)]
             rec.drop_pending()
             if rec.c_version:
                 self._records.put(inode, index, rec)
@@ -466,8 +451,8 @@ class ChunkStore:
         bool
             Whether the copy was applied.
         """
-        _check_chunk(inode, index)
-        _check_version(version)
+        check_chunk(inode, index)
+        check_version(version)
         view = memoryview(data).cast("B")
         if len(view) > MAX_CHUNK_SIZE:
             raise ValueError(f"{len(view)} bytes exceed the largest chunk size")
@@ -487,42 +472,20 @@ class ChunkStore:
 
         if stale(self._records.get(inode, index)):
             return False
-        with self._taking_space(len(view)):
-            path, fid = self._files.write(inode, index, version, view)
-        written = (path, len(view))
-        garbage: list[tuple[Path, int]] = []
-        try:
-            with self._lock:
-                rec = self._records.get(inode, index)
-                if stale(rec):
-                    garbage.append(written)
-                    applied = False
-                else:
-                    new = rec is None
-                    replaced = []
-                    if new:
-                        rec = ChunkRecord()
-                    if rec.c_version:
-                        replaced.append(
-                            (self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len)
-                        )
-                    if rec.p_version and (replace or rec.p_version <= version):
-                        replaced.append(
-                            (self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len)
-                        )
-                        rec.drop_pending()
-                    rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
-                    rec.c_sum, rec.c_crcs = checksum, crcs
-                    with self._taking_space(len(view)):
-                        self._records.put(inode, index, rec)
-                    self._count += new
-                    garbage.extend(replaced)
-                    applied = True
-        except BaseException:
-            self._files.retire([written])  # no record refers to it
-            raise
-        self._files.retire(garbage)
-        return applied
+
+        def switch(rec: ChunkRecord | None, fid: int):
+            if stale(rec):
+                return None, [], False
+            rec = rec or ChunkRecord()
+            replaced = [self._committed_file(inode, index, rec)] if rec.c_version else []
+            if rec.p_version and (replace or rec.p_version <= version):
+                replaced.append(self._pending_file(inode, index, rec))
+                rec.drop_pending()
+            rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
+            rec.c_sum, rec.c_crcs = checksum, crcs
+            return rec, replaced, True
+
+        return self._new_version(inode, index, version, view, switch)
 
     def remove(self, inode: int, index: int, version: int | None = None) -> bool:
         """Remove a chunk (every version); returns whether it was removed.
@@ -530,7 +493,7 @@ class ChunkStore:
         With ``version`` only while that is still its committed version and no
         other is pending (a chunk written since it was looked at stays).
         """
-        _check_chunk(inode, index)
+        check_chunk(inode, index)
         with self._lock:
             rec = self._records.get(inode, index)
             if rec is None:
@@ -541,9 +504,9 @@ class ChunkStore:
             self._count -= 1
         garbage = []
         if rec.c_version:
-            garbage.append((self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len))
+            garbage.append(self._committed_file(inode, index, rec))
         if rec.p_version:
-            garbage.append((self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len))
+            garbage.append(self._pending_file(inode, index, rec))
         self._files.retire(garbage)
         return True
 
@@ -559,13 +522,13 @@ class ChunkStore:
         at that committed version (see :meth:`remove`). Returns the number of
         chunks removed.
         """
-        _check_chunk(inode, 0)
+        check_chunk(inode, 0)
         if indices is None:
             wanted = [m.index for m in self._records.scan(inode, None, None)]
         else:
             wanted = list(indices)
             for index in wanted:
-                _check_chunk(inode, index)
+                check_chunk(inode, index)
         expected = list(versions) if versions is not None else [None] * len(wanted)
         if len(expected) != len(wanted):
             raise ValueError("versions must name one version per index")
@@ -594,22 +557,18 @@ class ChunkStore:
         limit : int, default 1000
             Most chunks returned.
         """
-        if not isinstance(inode, int) or not 0 <= inode <= MAX_INODE:
-            raise ValueError(f"inode {inode!r} is outside 0..2^64-1")
+        if inode != 0:
+            check_chunk(inode, 0)
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if after is not None:
-            _check_chunk(*after)
+            check_chunk(*after)
         return list(self._records.scan(inode, after, limit))
 
     def stats(self) -> dict:
-        """``{"capacity": bytes of the filesystem, "used": bytes of chunk files, "chunks": n,
-        "spare": bytes of spare files, "full": whether the target refuses writes for lack of
-        space}``.
-
-        Spares are not counted as used: new chunks write over them first.
-        Looks at the file system's free space again (:meth:`SpaceGuard.check`).
-        """
+        """``capacity`` (of the file system), ``used`` (by chunk files), ``chunks``, ``spare``
+        (bytes of spares, not counted as used: new chunks write over them first) and ``full``
+        (the target refuses writes for lack of space; :meth:`SpaceGuard.check` looks again)."""
         st = os.statvfs(self.root)
         full = self.space.check()
         with self._lock:

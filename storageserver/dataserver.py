@@ -17,7 +17,6 @@ content is invalid gets an error frame and the connection stays open.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import mmap
 import socket
@@ -38,16 +37,12 @@ from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore
 from emberfs.storageserver.forwarding import Successors
 from emberfs.storageserver.replica import Replica, WritePlan, written
+from emberfs.storageserver.space import is_no_space
 
 log = logging.getLogger(__name__)
 
 
 _OP_NAMES = {Op.READ: "read", Op.WRITE: "write", Op.TRUNCATE: "truncate"}
-
-
-def _no_space(exc: BaseException) -> bool:
-    """Whether ``exc`` says the file system is full."""
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 # the answer of a node whose lease from the metaserver ran out (see Node.fenced)
@@ -311,7 +306,7 @@ class DataServer:
             if conn.responding:
                 log.info("connection to %s lost while answering: %s", conn.peer, exc)
                 return False
-            if _no_space(exc):
+            if is_no_space(exc):
                 # a truncation or a resync copy the target has no room for
                 return self._error(conn, op, wire.NoSpace(f"{type(exc).__name__}: {exc}"))
             log.exception("request from %s failed", conn.peer)
@@ -467,7 +462,7 @@ class DataServer:
             if forward is not None:
                 forward.abandon()
                 # a head out of room cannot stage its repair either: the next write mends it
-                self._given_up(store, plan, forward, repair=not _no_space(exc))
+                self._given_up(store, plan, forward, repair=not is_no_space(exc))
             refusal = self.replica.staging_failed(plan, exc, forwarded=forward is not None)
             if refusal is None:
                 raise

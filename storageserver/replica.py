@@ -35,7 +35,7 @@ from typing import Any
 from emberfs.common import wire
 from emberfs.proto import data_pb2
 from emberfs.storageserver import replication as rp
-from emberfs.storageserver.chunkstore import VersionConflict
+from emberfs.storageserver.chunkrecords import VersionConflict
 from emberfs.storageserver.space import is_no_space
 
 ChunkKey = tuple[int, int, int]  # (target id, inode, chunk index)

@@ -14,7 +14,8 @@ import grpc
 
 from emberfs.common import errors
 from emberfs.proto import common_pb2, storage_pb2, storage_pb2_grpc
-from emberfs.storageserver.chunkstore import MAX_INDEX, MAX_INODE, ChunkStore
+from emberfs.storageserver.chunkrecords import MAX_INDEX, MAX_INODE
+from emberfs.storageserver.chunkstore import ChunkStore
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,13 @@ once fails to write its log refuses every later change until it is reopened.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,16 @@ class SpaceGuard:
                 return False
             self._admitted += nbytes
             return True
+
+    @contextlib.contextmanager
+    def taking(self, nbytes: int) -> Iterator[None]:
+        """A write of ``nbytes`` that fails with ENOSPC (or EDQUOT) makes the target full."""
+        try:
+            yield
+        except OSError as exc:
+            if is_no_space(exc):
+                self.exhausted(nbytes)
+            raise
 
     def exhausted(self, nbytes: int) -> None:
         """A write of ``nbytes`` bytes failed with ENOSPC: the target is full.
