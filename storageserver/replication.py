@@ -243,16 +243,20 @@ class Apply:
     NEED_FULL = "need_full"  # base version differs: ask for the whole chunk
 
 
-def plan_forwarded(meta: ChunkMetaLike | None, req: data_pb2.ChunkWriteRequest) -> str:
-    """Decide how a replica applies a forwarded update (one of :class:`Apply`)."""
+def _apply(meta: ChunkMetaLike | None, version: int, base_version: int, full: bool) -> str:
     committed = committed_version(meta)
-    if req.update_version <= committed:
+    if version <= committed:
         return Apply.ALREADY
-    if req.full_chunk:
+    if full:
         return Apply.FULL
-    if req.base_version == committed:
+    if base_version == committed:
         return Apply.PARTIAL
     return Apply.NEED_FULL
+
+
+def plan_forwarded(meta: ChunkMetaLike | None, req: data_pb2.ChunkWriteRequest) -> str:
+    """Decide how a replica applies a forwarded update (one of :class:`Apply`)."""
+    return _apply(meta, req.update_version, req.base_version, req.full_chunk)
 
 
 def forward_request(
@@ -404,12 +408,7 @@ def plan_forwarded_cut(meta: ChunkMetaLike | None, step: data_pb2.TruncateStep) 
     ``NEED_FULL``: its content is not the head's, so the head sends the cut
     chunk whole before the truncation comes again.
     """
-    committed = committed_version(meta)
-    if step.version <= committed:
-        return Apply.ALREADY
-    if step.base_version == committed:
-        return Apply.PARTIAL
-    return Apply.NEED_FULL
+    return _apply(meta, step.version, step.base_version, False)
 
 
 def forward_truncate(
