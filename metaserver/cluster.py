@@ -17,7 +17,7 @@ handler runs, before it waits for the cluster lock), and
 timeout rule to targets whose node has been silent for longer than the
 heartbeat timeout. Silence is counted from the later of a node's last
 heartbeat and :attr:`Grace.since <emberfs.metaserver.grace.Grace.since>`, so
-every node gets a full timeout after the metaserver starts listening and
+every node gets a full timeout after the metaserver is up (listening) and
 after a stall of the metaserver itself (see :mod:`emberfs.metaserver.grace`).
 """
 
@@ -135,6 +135,9 @@ class ClusterManager:
         self.engine = engine
         self.replicas = replicas
         self.heartbeat_timeout = heartbeat_timeout
+        # the metaserver's ClusterService for storage nodes, told to them in answers
+        # (empty: they keep the address they registered with)
+        self.cluster_address = ""
         self.grace = grace if grace is not None else Grace(clock=clock)
         self.clock = self.grace.clock
         self._lock = threading.RLock()
@@ -442,7 +445,9 @@ class ClusterManager:
             self._form_chains(changes)
             self._flush(changes)
             self._note_seen(req.node_id, self.clock(), new=True)
-            return cluster_pb2.RegisterNodeResponse(target_ids=ids, routing=self.routing())
+            return cluster_pb2.RegisterNodeResponse(
+                target_ids=ids, routing=self.routing(), cluster_address=self.cluster_address
+            )
 
     def _set_usage(self, tid: int, report: cluster_pb2.TargetReport, changes: _Changes) -> None:
         info = self._targets[tid]
@@ -462,7 +467,9 @@ class ClusterManager:
         with self._lock:
             if req.node_id not in self._nodes:
                 return cluster_pb2.HeartbeatResponse(
-                    routing_version=self._routing_version, reregister=True
+                    routing_version=self._routing_version,
+                    reregister=True,
+                    cluster_address=self.cluster_address,
                 )
             own = set(self._node_targets(req.node_id))
             for report in req.targets:
@@ -480,7 +487,9 @@ class ClusterManager:
             if changes.targets:
                 self._form_chains(changes)
             self._flush(changes)
-            resp = cluster_pb2.HeartbeatResponse(routing_version=self._routing_version)
+            resp = cluster_pb2.HeartbeatResponse(
+                routing_version=self._routing_version, cluster_address=self.cluster_address
+            )
             if req.routing_version < self._routing_version:
                 resp.routing.CopyFrom(self.routing())
             return resp

@@ -12,7 +12,7 @@ metaserver has been able to hear from everyone without a break. Ages are
 counted from the later of an item's last sign of life and that time
 (:meth:`Grace.silence`), so everything gets at least a full timeout after
 
-- the start: :meth:`Grace.begin` once the servers listen (stored sessions and
+- the start: :meth:`Grace.begin` once all its servers listen (stored sessions and
   known nodes are judged from then, never by times stored before a restart);
 - a stall: every judging round starts with :meth:`Grace.check`, which finds
   the gap since the previous round (of any judge). A gap longer than
@@ -67,7 +67,7 @@ class Grace:
             return self._since
 
     def begin(self) -> float:
-        """The metaserver hears from now on (its servers listen): nothing is judged before now."""
+        """The metaserver hears from now on (all its servers listen): nothing is judged before now."""
         with self._lock:
             now = self.clock()
             self._since = max(self._since, now)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from emberfs.proto import common_pb2 as emberfs_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65mberfs/proto/cluster.proto\x12\x07\x65mberfs\x1a\x1a\x65mberfs/proto/common.proto\"|\n\x0cTargetReport\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04used\x18\x03 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\x04\x12\x12\n\nbytes_read\x18\x05 \x01(\x04\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\"z\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x02 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12&\n\x07targets\x18\x04 \x03(\x0b\x32\x15.emberfs.TargetReport\"Q\n\x14RegisterNodeResponse\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12%\n\x07routing\x18\x02 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"d\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12&\n\x07targets\x18\x02 \x03(\x0b\x32\x15.emberfs.TargetReport\x12\x17\n\x0frouting_version\x18\x03 \x01(\x04\"g\n\x11HeartbeatResponse\x12\x17\n\x0frouting_version\x18\x01 \x01(\x04\x12\x12\n\nreregister\x18\x02 \x01(\x08\x12%\n\x07routing\x18\x03 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"*\n\x11GetRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\";\n\x12GetRoutingResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"M\n\x0fSyncDoneRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\x04\x12\x11\n\ttarget_id\x18\x03 \x01(\r\"9\n\x10SyncDoneResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"6\n\x06GCItem\x12\r\n\x05gc_id\x18\x01 \x01(\x04\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x0e\n\x06\x63hains\x18\x03 \x03(\r\"3\n\x0e\x46\x65tchGCRequest\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12\r\n\x05limit\x18\x02 \x01(\r\"1\n\x0f\x46\x65tchGCResponse\x12\x1e\n\x05items\x18\x01 \x03(\x0b\x32\x0f.emberfs.GCItem\"1\n\x0c\x41\x63kGCRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x0e\n\x06gc_ids\x18\x02 \x03(\x04\"\x0f\n\rAckGCResponse2\x9f\x03\n\x0e\x43lusterService\x12K\n\x0cRegisterNode\x12\x1c.emberfs.RegisterNodeRequest\x1a\x1d.emberfs.RegisterNodeResponse\x12\x42\n\tHeartbeat\x12\x19.emberfs.HeartbeatRequest\x1a\x1a.emberfs.HeartbeatResponse\x12\x45\n\nGetRouting\x12\x1a.emberfs.GetRoutingRequest\x1a\x1b.emberfs.GetRoutingResponse\x12?\n\x08SyncDone\x12\x18.emberfs.SyncDoneRequest\x1a\x19.emberfs.SyncDoneResponse\x12<\n\x07\x46\x65tchGC\x12\x17.emberfs.FetchGCRequest\x1a\x18.emberfs.FetchGCResponse\x12\x36\n\x05\x41\x63kGC\x12\x15.emberfs.AckGCRequest\x1a\x16.emberfs.AckGCResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65mberfs/proto/cluster.proto\x12\x07\x65mberfs\x1a\x1a\x65mberfs/proto/common.proto\"|\n\x0cTargetReport\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04used\x18\x03 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\x04\x12\x12\n\nbytes_read\x18\x05 \x01(\x04\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\"z\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x02 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12&\n\x07targets\x18\x04 \x03(\x0b\x32\x15.emberfs.TargetReport\"j\n\x14RegisterNodeResponse\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12%\n\x07routing\x18\x02 \x01(\x0b\x32\x14.emberfs.RoutingInfo\x12\x17\n\x0f\x63luster_address\x18\x03 \x01(\t\"d\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12&\n\x07targets\x18\x02 \x03(\x0b\x32\x15.emberfs.TargetReport\x12\x17\n\x0frouting_version\x18\x03 \x01(\x04\"\x80\x01\n\x11HeartbeatResponse\x12\x17\n\x0frouting_version\x18\x01 \x01(\x04\x12\x12\n\nreregister\x18\x02 \x01(\x08\x12%\n\x07routing\x18\x03 \x01(\x0b\x32\x14.emberfs.RoutingInfo\x12\x17\n\x0f\x63luster_address\x18\x04 \x01(\t\"*\n\x11GetRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\";\n\x12GetRoutingResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"M\n\x0fSyncDoneRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\x04\x12\x11\n\ttarget_id\x18\x03 \x01(\r\"9\n\x10SyncDoneResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"6\n\x06GCItem\x12\r\n\x05gc_id\x18\x01 \x01(\x04\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x0e\n\x06\x63hains\x18\x03 \x03(\r\"3\n\x0e\x46\x65tchGCRequest\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12\r\n\x05limit\x18\x02 \x01(\r\"1\n\x0f\x46\x65tchGCResponse\x12\x1e\n\x05items\x18\x01 \x03(\x0b\x32\x0f.emberfs.GCItem\"1\n\x0c\x41\x63kGCRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x0e\n\x06gc_ids\x18\x02 \x03(\x04\"\x0f\n\rAckGCResponse2\x9f\x03\n\x0e\x43lusterService\x12K\n\x0cRegisterNode\x12\x1c.emberfs.RegisterNodeRequest\x1a\x1d.emberfs.RegisterNodeResponse\x12\x42\n\tHeartbeat\x12\x19.emberfs.HeartbeatRequest\x1a\x1a.emberfs.HeartbeatResponse\x12\x45\n\nGetRouting\x12\x1a.emberfs.GetRoutingRequest\x1a\x1b.emberfs.GetRoutingResponse\x12?\n\x08SyncDone\x12\x18.emberfs.SyncDoneRequest\x1a\x19.emberfs.SyncDoneResponse\x12<\n\x07\x46\x65tchGC\x12\x17.emberfs.FetchGCRequest\x1a\x18.emberfs.FetchGCResponse\x12\x36\n\x05\x41\x63kGC\x12\x15.emberfs.AckGCRequest\x1a\x16.emberfs.AckGCResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,29 +37,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERNODEREQUEST']._serialized_start=194
   _globals['_REGISTERNODEREQUEST']._serialized_end=316
   _globals['_REGISTERNODERESPONSE']._serialized_start=318
-  _globals['_REGISTERNODERESPONSE']._serialized_end=399
-  _globals['_HEARTBEATREQUEST']._serialized_start=401
-  _globals['_HEARTBEATREQUEST']._serialized_end=501
-  _globals['_HEARTBEATRESPONSE']._serialized_start=503
-  _globals['_HEARTBEATRESPONSE']._serialized_end=606
-  _globals['_GETROUTINGREQUEST']._serialized_start=608
-  _globals['_GETROUTINGREQUEST']._serialized_end=650
-  _globals['_GETROUTINGRESPONSE']._serialized_start=652
-  _globals['_GETROUTINGRESPONSE']._serialized_end=711
-  _globals['_SYNCDONEREQUEST']._serialized_start=713
-  _globals['_SYNCDONEREQUEST']._serialized_end=790
-  _globals['_SYNCDONERESPONSE']._serialized_start=792
-  _globals['_SYNCDONERESPONSE']._serialized_end=849
-  _globals['_GCITEM']._serialized_start=851
-  _globals['_GCITEM']._serialized_end=905
-  _globals['_FETCHGCREQUEST']._serialized_start=907
-  _globals['_FETCHGCREQUEST']._serialized_end=958
-  _globals['_FETCHGCRESPONSE']._serialized_start=960
-  _globals['_FETCHGCRESPONSE']._serialized_end=1009
-  _globals['_ACKGCREQUEST']._serialized_start=1011
-  _globals['_ACKGCREQUEST']._serialized_end=1060
-  _globals['_ACKGCRESPONSE']._serialized_start=1062
-  _globals['_ACKGCRESPONSE']._serialized_end=1077
-  _globals['_CLUSTERSERVICE']._serialized_start=1080
-  _globals['_CLUSTERSERVICE']._serialized_end=1495
+  _globals['_REGISTERNODERESPONSE']._serialized_end=424
+  _globals['_HEARTBEATREQUEST']._serialized_start=426
+  _globals['_HEARTBEATREQUEST']._serialized_end=526
+  _globals['_HEARTBEATRESPONSE']._serialized_start=529
+  _globals['_HEARTBEATRESPONSE']._serialized_end=657
+  _globals['_GETROUTINGREQUEST']._serialized_start=659
+  _globals['_GETROUTINGREQUEST']._serialized_end=701
+  _globals['_GETROUTINGRESPONSE']._serialized_start=703
+  _globals['_GETROUTINGRESPONSE']._serialized_end=762
+  _globals['_SYNCDONEREQUEST']._serialized_start=764
+  _globals['_SYNCDONEREQUEST']._serialized_end=841
+  _globals['_SYNCDONERESPONSE']._serialized_start=843
+  _globals['_SYNCDONERESPONSE']._serialized_end=900
+  _globals['_GCITEM']._serialized_start=902
+  _globals['_GCITEM']._serialized_end=956
+  _globals['_FETCHGCREQUEST']._serialized_start=958
+  _globals['_FETCHGCREQUEST']._serialized_end=1009
+  _globals['_FETCHGCRESPONSE']._serialized_start=1011
+  _globals['_FETCHGCRESPONSE']._serialized_end=1060
+  _globals['_ACKGCREQUEST']._serialized_start=1062
+  _globals['_ACKGCREQUEST']._serialized_end=1111
+  _globals['_ACKGCRESPONSE']._serialized_start=1113
+  _globals['_ACKGCRESPONSE']._serialized_end=1128
+  _globals['_CLUSTERSERVICE']._serialized_start=1131
+  _globals['_CLUSTERSERVICE']._serialized_end=1546
 # @@protoc_insertion_point(module_scope)
