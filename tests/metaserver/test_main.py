@@ -497,3 +497,17 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
     loop.join(timeout=10)
     assert not loop.is_alive()
     assert len(sweeps) == 3
+
+
+@pytest.mark.parametrize(
+    ("heartbeat_timeout", "session_timeout"), [(5.0, 300.0), (2.0, 3.0), (1.5, 300.0), (60, 0.4)]
+)
+def test_timeouts_are_checked_at_least_twice_within_a_gap_that_counts_as_a_stall(
+    heartbeat_timeout, session_timeout
+):
+    from emberfs.metaserver import main as meta_main
+
+    max_gap, check, sweep = meta_main.intervals(heartbeat_timeout, session_timeout)
+    assert max_gap == min(heartbeat_timeout, session_timeout) / 2
+    assert 0 < check <= max_gap / 2 and check <= 0.5
+    assert 0 < sweep <= min(meta_main.SESSION_SWEEP_INTERVAL, session_timeout / 4)
