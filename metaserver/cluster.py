@@ -10,11 +10,15 @@ calls are served by :class:`~emberfs.metaserver.gcqueue.GCQueue`.
 Every change is written (one atomic, durable batch) before a call returns, so
 a restarted metaserver resumes with the same targets, chains and versions.
 
-Liveness is per node and lives only in memory: a heartbeat refreshes every
-target of its node, and :meth:`ClusterManager.check_timeouts` (called
-periodically) applies the timeout rule to targets whose node has been silent
-for longer than the heartbeat timeout. A freshly started manager gives every
-known node a full timeout of grace.
+Liveness is per node and lives only in memory, on the metaserver's monotonic
+clock: a heartbeat refreshes every target of its node (noted as soon as its
+handler runs, before it waits for the cluster lock), and
+:meth:`ClusterManager.check_timeouts` (called periodically) applies the
+timeout rule to targets whose node has been silent for longer than the
+heartbeat timeout. Silence is counted from the later of a node's last
+heartbeat and :attr:`Grace.since <emberfs.metaserver.grace.Grace.since>`, so
+every node gets a full timeout after the metaserver is up (listening) and
+after a stall of the metaserver itself (see :mod:`emberfs.metaserver.grace`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from emberfs.common import errors
 from emberfs.common.addresses import split_address
 from emberfs.metaserver import chainstate, keys
 from emberfs.metaserver.chainstate import OFFLINE, SERVING, Chain
+from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import KVEngine
 from emberfs.proto import cluster_pb2, common_pb2
 
@@ -107,7 +112,11 @@ class ClusterManager:
     heartbeat_timeout : float, default 5.0
         Seconds of silence after which a node's targets time out.
     clock : callable, default time.monotonic
-        Monotonic seconds; tests inject their own.
+        Monotonic seconds; tests inject their own. Ignored when ``grace`` is given.
+    grace : Grace, optional
+        Since when the metaserver has heard without a break, and the stalls
+        it notices at each :meth:`check_timeouts`; default one over ``clock``
+        that notices none.
     """
 
     def __init__(
@@ -117,6 +126,7 @@ class ClusterManager:
         replicas: int = 3,
         heartbeat_timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        grace: Grace | None = None,
     ):
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
@@ -125,12 +135,19 @@ class ClusterManager:
         self.engine = engine
         self.replicas = replicas
         self.heartbeat_timeout = heartbeat_timeout
-        self.clock = clock
+        # the metaserver's ClusterService for storage nodes, told to them in answers
+        # (empty: they keep the address they registered with)
+        self.cluster_address = ""
+        self.grace = grace if grace is not None else Grace(clock=clock)
+        self.clock = self.grace.clock
         self._lock = threading.RLock()
         self._offline_listeners: list[Callable[[], None]] = []
         self._load()
-        now = clock()
-        self._last_seen: dict[str, float] = {node_id: now for node_id in self._nodes}
+        # node -> monotonic time of its last heartbeat or registration; registration adds
+        # keys under both locks, a heartbeat refreshes one under this lock alone
+        self._seen_lock = threading.Lock()
+        since = self.grace.since
+        self._last_seen: dict[str, float] = {node_id: since for node_id in self._nodes}
         self._absent: set[int] = set()  # targets their node left out of its last registration
         self._io: dict[int, tuple[int, int]] = {}  # target -> (bytes read, bytes written)
 
@@ -340,10 +357,24 @@ class ClusterManager:
             return [self._nodes[n] for n in sorted(self._nodes)]
 
     def heartbeat_ages(self) -> dict[str, float]:
-        """Seconds since each node's last heartbeat or registration (since start-up when none)."""
-        with self._lock:
-            now = self.clock()
-            return {node_id: max(0.0, now - seen) for node_id, seen in self._last_seen.items()}
+        """Each node's silence as the heartbeat timeout judges it, in seconds.
+
+        Seconds since its last heartbeat or registration, counted from the
+        metaserver's start or its last stall at the earliest.
+        """
+        with self._seen_lock:
+            seen = dict(self._last_seen)
+        now = self.clock()
+        return {node_id: self.grace.silence(last, now) for node_id, last in seen.items()}
+
+    def _note_seen(self, node_id: str, now: float, *, new: bool = False) -> None:
+        """The node was heard from at ``now`` (``new``: add it when unknown)."""
+        with self._seen_lock:
+            last = self._last_seen.get(node_id)
+            if last is not None:
+                self._last_seen[node_id] = max(last, now)
+            elif new:
+                self._last_seen[node_id] = now
 
     # ---------------------------------------------------------------- events
 
@@ -424,9 +455,12 @@ class ClusterManager:
                     self._timeout_target(tid, changes)
             self._form_chains(changes)
             self._flush(changes)
-            self._last_seen[req.node_id] = self.clock()
+            self._note_seen(req.node_id, self.clock(), new=True)
             return cluster_pb2.RegisterNodeResponse(
-                target_ids=ids, routing=self.routing(), lease_seconds=self.lease_seconds
+                target_ids=ids,
+                routing=self.routing(),
+                cluster_address=self.cluster_address,
+                lease_seconds=self.lease_seconds,
             )
 
     def _set_usage(self, tid: int, report: cluster_pb2.TargetReport, changes: _Changes) -> None:
@@ -441,12 +475,16 @@ class ClusterManager:
 
         Targets of the node that were offline (or lastsrv) come back. The
         response carries the routing info when the node's version is older,
-        and ``reregister`` when the node is unknown.
+        and ``reregister`` when the node is unknown. The node counts as heard
+        from when the call arrives, before it waits for the cluster lock.
         """
+        self._note_seen(req.node_id, self.clock())
         with self._lock:
             if req.node_id not in self._nodes:
                 return cluster_pb2.HeartbeatResponse(
-                    routing_version=self._routing_version, reregister=True
+                    routing_version=self._routing_version,
+                    reregister=True,
+                    cluster_address=self.cluster_address,
                 )
             own = set(self._node_targets(req.node_id))
             for report in req.targets:
@@ -454,7 +492,6 @@ class ClusterManager:
                     raise errors.InvalidArgument(
                         f"target {report.target_id} does not belong to node {req.node_id!r}"
                     )
-            self._last_seen[req.node_id] = self.clock()
             changes = _Changes()
             for report in req.targets:
                 self._set_usage(report.target_id, report, changes)
@@ -466,7 +503,9 @@ class ClusterManager:
                 self._form_chains(changes)
             self._flush(changes)
             resp = cluster_pb2.HeartbeatResponse(
-                routing_version=self._routing_version, lease_seconds=self.lease_seconds
+                routing_version=self._routing_version,
+                cluster_address=self.cluster_address,
+                lease_seconds=self.lease_seconds,
             )
             if req.routing_version < self._routing_version:
                 resp.routing.CopyFrom(self.routing())
@@ -492,12 +531,21 @@ class ClusterManager:
             return cluster_pb2.SyncDoneResponse(routing=self.routing())
 
     def check_timeouts(self) -> None:
-        """Time out the targets of every node silent for longer than the heartbeat timeout."""
+        """Time out the targets of every node silent for longer than the heartbeat timeout.
+
+        A judging round of :attr:`grace` (see :meth:`Grace.check`): after a gap
+        since the previous round that shows the metaserver itself stalled,
+        every node is judged from now. The round starts once the cluster lock
+        is held; heartbeats are noted without it, so a heartbeat waiting for
+        the lock has already counted.
+        """
         with self._lock:
-            now = self.clock()
+            now = self.grace.check()
+            with self._seen_lock:
+                seen_at = sorted(self._last_seen.items())
             changes = _Changes()
-            for node_id, seen in sorted(self._last_seen.items()):
-                if now - seen > self.heartbeat_timeout:
+            for node_id, seen in seen_at:
+                if self.grace.silence(seen, now) > self.heartbeat_timeout:
                     for tid in self._node_targets(node_id):
                         self._timeout_target(tid, changes)
             self._flush(changes)

@@ -2,10 +2,16 @@
 
 One RocksDB under ``DATA_DIR/meta`` holds the namespace and the cluster
 state. One gRPC server on ``--listen`` serves ``MetaService`` and
-``ClusterService``; the admin REST API runs on ``--admin-listen`` (uvicorn in
-a thread); a background thread applies heartbeat timeouts and ends write
-sessions whose lease ran out (``--session-timeout``). Once both servers
-listen, the process prints ``READY metaserver <grpc address> admin <http
+``ClusterService``; a second one on ``--cluster-listen`` serves
+``ClusterService`` alone, on worker threads of its own, so that storage
+nodes' heartbeats never wait behind metadata calls (nodes register on
+``--listen`` and learn that address from the answer). The admin REST API
+runs on ``--admin-listen`` (uvicorn in a thread). One background thread
+applies heartbeat timeouts; another runs the sweeps: garbage collection,
+write sessions whose lease ran out (``--session-timeout``), old retry
+records. Both judge by a :class:`~emberfs.metaserver.grace.Grace` that
+notices the process's own stalls. Once the servers listen, the process
+prints ``READY metaserver <grpc address> admin <http address> cluster <grpc
 address>`` on stdout; SIGTERM or SIGINT stops it cleanly.
 """
 
@@ -32,6 +38,7 @@ from emberfs.metaserver import service as meta_service
 from emberfs.metaserver.chunk_truncation import truncate_chunks
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.gcqueue import GCQueue
+from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import KVEngine, RocksEngine
 from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.namespace import Namespace
@@ -40,6 +47,7 @@ from emberfs.proto import common_pb2
 log = logging.getLogger("emberfs.metaserver")
 
 GRPC_WORKERS = 32
+CLUSTER_WORKERS = 16  # the cluster address's own: a node has a few calls in flight at most
 GC_SWEEP_INTERVAL = 10.0
 SESSION_SWEEP_INTERVAL = 5.0  # at most; shorter for short session timeouts
 RETRY_SWEEP_INTERVAL = 60.0
@@ -54,6 +62,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--listen", default="127.0.0.1:9400", help="gRPC HOST:PORT (port 0: any)")
     p.add_argument(
         "--admin-listen", default="127.0.0.1:9401", help="admin HTTP HOST:PORT (port 0: any)"
+    )
+    p.add_argument(
+        "--cluster-listen",
+        help="gRPC HOST:PORT of ClusterService for storage nodes, on worker threads of its "
+        "own (default: the --listen host, any free port; nodes learn it when they register)",
     )
     p.add_argument("--replicas", type=int, default=3, help="targets per chain (default 3)")
     p.add_argument(
@@ -100,7 +113,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--chunk-size: {exc}")
     if not 1 <= args.stripe <= layout_rules.MAX_STRIPE:
         p.error(f"--stripe must be between 1 and {layout_rules.MAX_STRIPE}")
-    for opt in ("listen", "admin_listen"):
+    for opt in ("listen", "admin_listen", "cluster_listen"):
+        if getattr(args, opt) is None:
+            continue
         try:
             split_address(getattr(args, opt))
         except ValueError as exc:
@@ -113,7 +128,8 @@ def build_namespace(
 ) -> Namespace:
     """The namespace over ``engine``, fed chains and usage by the cluster manager.
 
-    The GC items it queues are reported to ``gc``.
+    The GC items it queues are reported to ``gc``; its write sessions are
+    judged by the cluster manager's grace.
     """
     return Namespace(
         engine,
@@ -125,23 +141,40 @@ def build_namespace(
         default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
         session_timeout=args.session_timeout,
         gc_queued=gc.queued,
+        grace=cluster.grace,
     )
 
 
-def _timeout_loop(
-    cluster: ClusterManager,
+def intervals(heartbeat_timeout: float, session_timeout: float) -> tuple[float, float, float]:
+    """``(max_gap, check interval, session sweep interval)`` for these timeouts, in seconds.
+
+    A gap of ``max_gap`` (half the shorter timeout) between two judging
+    rounds is a stall of the metaserver itself (see :mod:`emberfs.metaserver.grace`);
+    the heartbeat timeouts are checked at least twice as often, and sessions
+    every quarter session timeout (at most every ``SESSION_SWEEP_INTERVAL``).
+    """
+    max_gap = min(heartbeat_timeout, session_timeout) / 2
+    return (
+        max_gap,
+        min(0.5, max_gap / 2),
+        min(SESSION_SWEEP_INTERVAL, session_timeout / 4),
+    )
+
+
+def _sweep_loop(
     gc: GCQueue,
     namespace: Namespace,
     stop: threading.Event,
     interval: float,
     session_interval: float,
 ) -> None:
-    """Every ``interval`` the chain timeouts; less often the GC, session and retry-record sweeps.
+    """The sweeps: GC, write sessions and retry records, each at its own interval.
 
-    A job that fails is logged and runs again at its next turn.
+    ``interval`` is the loop's step. A job that fails is logged and runs again
+    at its next turn. (The heartbeat timeouts run in :func:`_check_loop`, so
+    that a long sweep never delays them, nor looks like a stall.)
     """
     jobs = [
-        (interval, cluster.check_timeouts, "cluster timeout check"),
         (GC_SWEEP_INTERVAL, gc.collect, "garbage collection sweep"),
         (session_interval, namespace.expire_sessions, "write session expiry"),
         (RETRY_SWEEP_INTERVAL, namespace.prune_retry_records, "retry record sweep"),
@@ -157,6 +190,24 @@ def _timeout_loop(
                 job()
             except Exception:
                 log.exception("%s failed", name)
+
+
+def _check_loop(cluster: ClusterManager, stop: threading.Event, interval: float) -> None:
+    """Every ``interval``, the heartbeat timeouts (a failure is logged; the next round runs)."""
+    while not stop.wait(interval):
+        try:
+            cluster.check_timeouts()
+        except Exception:
+            log.exception("cluster timeout check failed")
+
+
+def _bind(server: grpc.Server, address: str) -> int:
+    """Bind ``server`` to ``address``; the port (0: it could not)."""
+    try:
+        return server.add_insecure_port(address)
+    except RuntimeError as exc:
+        log.error("cannot listen on %s: %s", address, exc)
+        return 0
 
 
 def _start_admin(app, address: str):
@@ -186,30 +237,44 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = RocksEngine(Path(args.data_dir) / "meta")
     grpc_server = None
+    cluster_server = None
     admin = None
-    checker = None
+    loops: list[threading.Thread] = []
     try:
-        cluster = ClusterManager(
-            engine, replicas=args.replicas, heartbeat_timeout=args.heartbeat_timeout
+        max_gap, interval, session_interval = intervals(
+            args.heartbeat_timeout, args.session_timeout
         )
-        grpc_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
-            options=[("grpc.so_reuseport", 0)],
-            interceptors=[MetricsInterceptor()],
+        cluster = ClusterManager(
+            engine,
+            replicas=args.replicas,
+            heartbeat_timeout=args.heartbeat_timeout,
+            grace=Grace(max_gap=max_gap),
+        )
+        grpc_server, cluster_server = (
+            grpc.server(
+                futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name),
+                options=[("grpc.so_reuseport", 0)],
+                interceptors=[MetricsInterceptor()],
+            )
+            for workers, name in ((GRPC_WORKERS, "grpc"), (CLUSTER_WORKERS, "cluster-grpc"))
         )
         gc = GCQueue(cluster)
         namespace = build_namespace(engine, cluster, gc, args)
         meta_service.add_to_server(meta_service.MetaServicer(namespace), grpc_server)
-        cluster_service.add_to_server(cluster_service.ClusterServicer(cluster, gc), grpc_server)
+        servicer = cluster_service.ClusterServicer(cluster, gc)
+        cluster_service.add_to_server(servicer, grpc_server)
+        cluster_service.add_to_server(servicer, cluster_server)
         host, _ = split_address(args.listen)
-        try:
-            port = grpc_server.add_insecure_port(args.listen)
-        except RuntimeError as exc:
-            port = 0
-            log.error("cannot listen on %s: %s", args.listen, exc)
-        if not port:
-            print(f"emberfs metaserver: cannot listen on {args.listen}", file=sys.stderr)
+        cluster_listen = args.cluster_listen or join_address(host, 0)
+        cluster_host, _ = split_address(cluster_listen)
+        port = _bind(grpc_server, args.listen)
+        cluster_port = port and _bind(cluster_server, cluster_listen)
+        if not cluster_port:
+            where = cluster_listen if port else args.listen
+            print(f"emberfs metaserver: cannot listen on {where}", file=sys.stderr)
             return 1
+        cluster.cluster_address = join_address(cluster_host, cluster_port)
+        cluster_server.start()
         grpc_server.start()
 
         from emberfs.metaserver.api import create_app
@@ -231,18 +296,19 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             return 0
 
-        interval = min(0.5, args.heartbeat_timeout / 4)
-        session_interval = min(SESSION_SWEEP_INTERVAL, args.session_timeout / 4)
-        checker = threading.Thread(
-            target=_timeout_loop,
-            args=(cluster, gc, namespace, stop, interval, session_interval),
-            name="timeouts",
-            daemon=True,
-        )
-        checker.start()
+        # Everything listens: nodes and writers are judged from now, a full timeout each at least.
+        cluster.grace.begin()
+        for target, loop_args, name in (
+            (_check_loop, (cluster, stop, interval), "timeouts"),
+            (_sweep_loop, (gc, namespace, stop, interval, session_interval), "sweeps"),
+        ):
+            loop = threading.Thread(target=target, args=loop_args, name=name, daemon=True)
+            loop.start()
+            loops.append(loop)
         admin_host, admin_port = sock.getsockname()[:2]
         print(
-            f"READY metaserver {join_address(host, port)} admin {join_address(admin_host, admin_port)}",
+            f"READY metaserver {join_address(host, port)} "
+            f"admin {join_address(admin_host, admin_port)} cluster {cluster.cluster_address}",
             flush=True,
         )
         while not stop.wait(0.5):
@@ -250,14 +316,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         stop.set()
-        if grpc_server is not None:
-            grpc_server.stop(grace=2).wait()
+        stopped = [s.stop(grace=2) for s in (grpc_server, cluster_server) if s is not None]
+        for event in stopped:
+            event.wait()
         if admin is not None:
             server, thread, _ = admin
             server.should_exit = True
             thread.join(timeout=5)
-        if checker is not None:
-            checker.join(timeout=5)
+        for loop in loops:
+            loop.join(timeout=5)
         engine.close()
 
 

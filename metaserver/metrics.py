@@ -7,7 +7,8 @@ Two kinds of metrics, both exposed on the admin API's ``/metrics``:
   :class:`MetricsInterceptor`, which the gRPC server installs;
 * gauges of the cluster and namespace state (targets by state, full
   targets, chains by health, capacity, inode counts, GC queue, storage I/O
-  totals), read at scrape time by :class:`ClusterCollector`.
+  totals, the metaserver's own stalls), read at scrape time by
+  :class:`ClusterCollector`.
 
 :func:`registry_for` combines both (plus the process and Python runtime
 collectors) into the registry one admin app serves.
@@ -186,6 +187,19 @@ class ClusterCollector(Collector):
         pending = self.gc.count()
         yield GaugeMetricFamily(
             "emberfs_gc_pending_items", "Removed files whose chunks await GC.", value=pending
+        )
+        grace = self.cluster.grace
+        yield CounterMetricFamily(
+            "emberfs_meta_stalls",
+            "Stalls of the metaserver itself that it noticed (a gap between two of its "
+            "timeout checks of more than half the shorter of the heartbeat and session "
+            "timeouts); after each, every node and write session gets a full timeout.",
+            value=grace.stalls,
+        )
+        yield CounterMetricFamily(
+            "emberfs_meta_stalled_seconds",
+            "Seconds the noticed stalls of the metaserver lasted, summed.",
+            value=grace.stalled_seconds,
         )
         read, written = self.cluster.io_totals()
         yield CounterMetricFamily(

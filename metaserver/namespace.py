@@ -34,7 +34,9 @@ from google.protobuf.message import Message
 from emberfs.common import layout as layouts
 from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
 from emberfs.metaserver import dirlayout, idempotency, keys, records
+from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
+from emberfs.metaserver.leases import Leases
 from emberfs.metaserver.opcontext import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.metaserver.ops import (
     create,
@@ -81,10 +83,16 @@ class Namespace:
         The layout of directories that set none (default: 4 MiB chunks,
         stripe 4, all chains).
     clock : callable, optional
-        Wall-clock time in nanoseconds (default ``time.time_ns``).
+        Wall-clock time in nanoseconds (default ``time.time_ns``): the times
+        stored in inodes and records.
     session_timeout : float, optional
         Seconds a write session lives without a renewal before
-        :meth:`Namespace.expire_sessions` ends it (default 300).
+        :meth:`Namespace.expire_sessions` ends it (default 300), judged on the
+        monotonic clock of ``grace`` (see :mod:`emberfs.metaserver.leases`).
+    grace : Grace, optional
+        The monotonic clock sessions are judged by, and since when the
+        metaserver has heard without a break; default one over
+        ``time.monotonic`` that notices no stall.
     gc_queued : callable, optional
         ``gc_queued(gc_ids)`` is told the GC items an operation queued, after
         its commit (:meth:`GCQueue.queued
@@ -107,6 +115,7 @@ class Namespace:
         clock: Callable[[], int] = time.time_ns,
         session_timeout: float = DEFAULT_SESSION_TIMEOUT,
         gc_queued: Callable[[list[int]], None] = lambda gc_ids: None,
+        grace: Grace | None = None,
     ):
         if not session_timeout > 0:
             raise ValueError(f"session timeout {session_timeout} is not positive")
@@ -121,7 +130,8 @@ class Namespace:
         self._clock = clock
         self._gc_queued = gc_queued
         self._usage = usage
-        self.session_timeout_ns = int(session_timeout * 1e9)
+        self._grace = grace if grace is not None else Grace()
+        self._leases = Leases(self._grace, session_timeout)
         self._env = NamespaceEnv(
             clock=clock,
             chain_table=chain_table,
@@ -130,6 +140,7 @@ class Namespace:
             inode_ids=IdAllocator(engine, keys.NEXT_INODE, first=records.ROOT_INODE + 1),
             seeds=IdAllocator(engine, keys.NEXT_SEED, first=0),
             session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
+            leases=self._leases,
         )
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
@@ -380,19 +391,24 @@ class Namespace:
         """
         return self._run(sessions.renew, req, None)
 
-    def expire_sessions(self, now: int | None = None) -> list[records.Session]:
+    def expire_sessions(self) -> list[records.Session]:
         """End the write sessions not renewed within the session timeout.
 
-        Each session ends in a transaction of its own, like a Close without a
-        length (:func:`emberfs.metaserver.ops.sessions.expire`). ``now`` is in
-        nanoseconds (default: the namespace clock). Returns the ended sessions.
+        A judging round of the grace (:meth:`Grace.check`: after a stall of
+        the metaserver every session is judged from now). Each session ends
+        in a transaction of its own, like a Close without a length
+        (:func:`emberfs.metaserver.ops.sessions.expire`). Returns the ended
+        sessions.
         """
-        if now is None:
-            now = self._clock()
-        deadline = now - self.session_timeout_ns
+        now = self._grace.check()
+        stored = sessions.stored(self.engine)
+        self._leases.retain((s.inode, s.session_id) for s in stored)
         ended = []
-        for candidate in sessions.lapsed(self.engine, deadline):
-            session = self._expire_one(candidate, deadline)
+        for candidate in stored:
+            silence = self._leases.silence(candidate.inode, candidate.session_id, now)
+            if silence < self._leases.timeout:
+                continue
+            session = self._expire_one(candidate)
             if session is None:
                 continue
             ended.append(session)
@@ -401,17 +417,20 @@ class Namespace:
                 session.session_id,
                 session.inode,
                 session.client_id,
-                (now - session.renewed_ns) / 1e9,
+                silence,
             )
         return ended
 
-    def _expire_one(self, candidate: records.Session, deadline: int) -> records.Session | None:
+    def _expire_one(self, candidate: records.Session) -> records.Session | None:
         last: list[OpContext] = []
+
+        def lapsed() -> bool:
+            return self._leases.lapsed(candidate.inode, candidate.session_id)
 
         def attempt(txn: Transaction) -> records.Session | None:
             op = OpContext(txn, Credentials(0, 0, frozenset()), self._env, self._clock())
             last[:] = [op]
-            return sessions.expire(op, candidate.inode, candidate.session_id, deadline)
+            return sessions.expire(op, candidate.inode, candidate.session_id, lapsed)
 
         try:
             session = run_transaction(self.engine, attempt)
@@ -487,24 +506,27 @@ class Namespace:
         }
 
     def sessions(self) -> list[dict[str, Any]]:
-        """Open write sessions: ``inode``, ``session_id``, ``client_id``, and in
-        nanoseconds ``since`` (opened), ``renewed`` (last lease renewal) and
-        ``expires`` (when an unrenewed session is ended)."""
-        return [
-            {
-                "inode": s.inode,
-                "session_id": s.session_id,
-                "client_id": s.client_id,
-                "since": s.since_ns,
-                "renewed": s.renewed_ns,
-                "expires": s.renewed_ns + self.session_timeout_ns,
-            }
-            for s in (
-                records.decode_session(key, raw)
-                for key, raw in self.engine.scan_prefix(keys.SESSION)
-                if keys.is_session_key(key)
+        """Open write sessions: ``inode``, ``session_id``, ``client_id``, and wall-clock
+        nanoseconds ``since`` (opened), ``renewed`` (last lease renewal as stored)
+        and ``expires`` (when the session ends unless renewed: the session timeout
+        after the last renewal this metaserver saw, or after its start or last
+        stall when later)."""
+        wall = self._clock()
+        now = self._grace.clock()
+        out = []
+        for s in sessions.stored(self.engine):
+            left = self._leases.timeout - self._leases.silence(s.inode, s.session_id, now)
+            out.append(
+                {
+                    "inode": s.inode,
+                    "session_id": s.session_id,
+                    "client_id": s.client_id,
+                    "since": s.since_ns,
+                    "renewed": s.renewed_ns,
+                    "expires": wall + int(left * 1e9),
+                }
             )
-        ]
+        return out
 
 
 _RESPONSES: dict[str, type[Message]] = {

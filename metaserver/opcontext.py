@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from emberfs.common.errors import Internal, InvalidArgument
 from emberfs.metaserver import gcqueue, keys, records
 from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
+from emberfs.metaserver.leases import Leases
 from emberfs.proto import common_pb2
 
 MAX_CLIENT_ID_BYTES = 256
@@ -95,6 +96,7 @@ class NamespaceEnv:
     inode_ids: IdAllocator
     seeds: IdAllocator
     session_ids: IdAllocator
+    leases: Leases
 
 
 @dataclass
@@ -187,12 +189,14 @@ class OpContext:
         return self.txn.get(keys.session_key(inode, session_id))
 
     def add_session(self, inode: int) -> int:
+        """Open a write session on ``inode``; its lease starts now."""
         session_id = self.env.session_ids.next()
         self.txn.put(
             keys.session_key(inode, session_id),
             records.encode_session(self.client_id, self.now),
         )
         self.txn.put(keys.session_guard_key(inode), records.new_guard_value())
+        self.env.leases.renewed(inode, session_id)
         return session_id
 
     def end_session(self, inode: int, session_id: int) -> None:

@@ -38,14 +38,16 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., data_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[TargetReport, _Mapping]]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("target_ids", "routing", "lease_seconds")
+    __slots__ = ("target_ids", "routing", "cluster_address", "lease_seconds")
     TARGET_IDS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     target_ids: _containers.RepeatedScalarFieldContainer[int]
     routing: _common_pb2.RoutingInfo
+    cluster_address: str
     lease_seconds: float
-    def __init__(self, target_ids: _Optional[_Iterable[int]] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, target_ids: _Optional[_Iterable[int]] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ..., cluster_address: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "targets", "routing_version")
@@ -58,16 +60,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[TargetReport, _Mapping]]] = ..., routing_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("routing_version", "reregister", "routing", "lease_seconds")
+    __slots__ = ("routing_version", "reregister", "routing", "cluster_address", "lease_seconds")
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     routing_version: int
     reregister: bool
     routing: _common_pb2.RoutingInfo
+    cluster_address: str
     lease_seconds: float
-    def __init__(self, routing_version: _Optional[int] = ..., reregister: _Optional[bool] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, routing_version: _Optional[int] = ..., reregister: _Optional[bool] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ..., cluster_address: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class GetRoutingRequest(_message.Message):
     __slots__ = ("known_version",)

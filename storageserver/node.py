@@ -9,7 +9,13 @@ A node owns ``--targets`` targets, ``DATA_DIR/target-<k>`` for k = 1..N, each a
   answers), keeping the target ids it is given in ``target-<k>/target_id`` and
   its node id in ``DATA_DIR/node_id``;
 - sends a heartbeat with its targets' usage (and whether each is full) every
-  ``heartbeat_interval`` seconds and keeps the newest routing information it hears of;
+  ``heartbeat_interval`` seconds and keeps the newest routing information it
+  hears of; each answered heartbeat extends the lease it serves under (see
+  :meth:`Node.fenced`). Heartbeats, GC and resync reports go to the cluster
+  address the metaserver names in its answers (``ClusterService`` on worker
+  threads that metadata calls never occupy) once a connection to it is up,
+  else to ``meta_address``; a heartbeat that fails there is sent again to
+  ``meta_address`` at once;
 - runs a background loop that drains the garbage-collection queue and, for
   each local SERVING target whose successor is SYNCING, copies the chunks the
   successor lacks (one resync per chain at a time) and reports ``SyncDone``.
@@ -25,6 +31,7 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 
@@ -70,6 +77,15 @@ def _read_int(path: Path) -> int:
     if not text.isdigit():
         raise ValueError(f"{path} does not hold a target id: {text[:40]!r}")
     return int(text)
+
+
+class _Lane(NamedTuple):
+    """A channel to the metaserver's cluster address, and whether it has connected."""
+
+    address: str
+    channel: grpc.Channel
+    stub: cluster_pb2_grpc.ClusterServiceStub
+    connected: grpc.Future
 
 
 class Node:
@@ -166,6 +182,7 @@ class Node:
         self._sync_retry_at: dict[int, float] = {}
         self._channel: grpc.Channel | None = None
         self._cluster: cluster_pb2_grpc.ClusterServiceStub | None = None
+        self._lane: _Lane | None = None  # the metaserver's cluster address
         self._data: DataServer | None = None
         self._grpc: grpc.Server | None = None
 
@@ -326,6 +343,7 @@ class Node:
             self._grpc.stop(grace=1.0).wait(5)
         for t in self._threads + list(self._syncs.values()):
             t.join(timeout=10)
+        self._set_cluster_address("")
         if self._channel is not None:
             self._channel.close()
         deadline = time.monotonic() + 5
@@ -379,7 +397,37 @@ class Node:
         self._stores = stores
         self.set_routing(resp.routing)
         self._extend_lease(sent, resp.lease_seconds)
+        self._set_cluster_address(resp.cluster_address)
         log.info("registered node %s with targets %s", self.node_id, sorted(stores))
+
+    def _set_cluster_address(self, address: str) -> None:
+        """Send node calls to the metaserver's cluster ``address`` once it connects ("": never).
+
+        A wildcard host stands for the host of ``meta_address``.
+        """
+        if address:
+            host, port = split_address(address)
+            if host in ("", "0.0.0.0", "::"):
+                host = split_address(self.meta_address)[0]
+            address = join_address(host, port)
+        lane = self._lane
+        if lane is not None and lane.address == address:
+            return
+        self._lane = None
+        if address:
+            channel = grpc.insecure_channel(address)
+            stub = cluster_pb2_grpc.ClusterServiceStub(channel)
+            self._lane = _Lane(address, channel, stub, grpc.channel_ready_future(channel))
+        if lane is not None:
+            lane.connected.cancel()
+            lane.channel.close()
+
+    def _node_calls(self) -> cluster_pb2_grpc.ClusterServiceStub:
+        """Where node calls go: the cluster address once connected, else ``meta_address``."""
+        lane = self._lane
+        if lane is not None and lane.connected.done() and not lane.connected.cancelled():
+            return lane.stub
+        return self._cluster
 
     def _register_until_done(self) -> bool:
         delay = 0.1
@@ -401,7 +449,22 @@ class Node:
             node_id=self.node_id, targets=self._reports(), routing_version=self._view.version
         )
         sent = time.monotonic()
-        resp = self._cluster.Heartbeat(req, timeout=RPC_TIMEOUT)
+        stub, lane = self._node_calls(), self._lane
+        try:
+            resp = stub.Heartbeat(req, timeout=RPC_TIMEOUT)
+        except grpc.RpcError as exc:
+            if stub is self._cluster:
+                raise
+            # the cluster address is gone (a restart moved it) or stalled: the main one tells
+            log.warning(
+                "heartbeat to %s failed (%s); sending it to %s",
+                lane.address,
+                exc.code(),
+                self.meta_address,
+            )
+            self._set_cluster_address("")
+            resp = self._cluster.Heartbeat(req, timeout=RPC_TIMEOUT)
+        self._set_cluster_address(resp.cluster_address)
         if resp.reregister:
             log.warning("the metaserver does not know this node; registering again")
             self._register_once()
@@ -436,7 +499,7 @@ class Node:
         view = self._view
         stores = dict(self._stores)
         try:
-            run_gc_once(self._cluster, stores, {t: view.chain_of(t) for t in stores})
+            run_gc_once(self._node_calls(), stores, {t: view.chain_of(t) for t in stores})
         except grpc.RpcError as exc:
             log.info("garbage collection round failed: %s", exc.details())
         except Exception:
@@ -479,7 +542,7 @@ class Node:
                 should_stop=should_stop,
                 hold=lambda inode, index: replica.chunk(task.target_id, inode, index),
             )
-            resp = self._cluster.SyncDone(
+            resp = self._node_calls().SyncDone(
                 cluster_pb2.SyncDoneRequest(
                     chain_id=task.chain_id,
                     chain_version=task.chain_version,

@@ -80,8 +80,8 @@ class NodePublic(BaseModel):
     targets: list[int]
     up: bool = Field(description="false when every target of the node is offline")
     last_heartbeat_seconds: float | None = Field(
-        description="seconds since the node's last heartbeat (since the metaserver started "
-        "when none yet)"
+        description="seconds of silence the heartbeat timeout judges: since the node's last "
+        "heartbeat, counted from the metaserver's start or its last stall at the earliest"
     )
 
 
@@ -154,7 +154,9 @@ class SessionPublic(BaseModel):
     since: int = Field(description="opening time, nanoseconds since the epoch")
     renewed: int = Field(description="last lease renewal, nanoseconds since the epoch")
     expires: int = Field(
-        description="when the session ends unless renewed, nanoseconds since the epoch"
+        description="when the session ends unless renewed, nanoseconds since the epoch: a "
+        "session timeout after the last renewal this metaserver process saw (or after its "
+        "start or last stall, when later)"
     )
 
 

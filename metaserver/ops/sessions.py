@@ -12,10 +12,14 @@ RenewSessions, and a session not renewed for the metaserver's session
 timeout is ended by :func:`expire` like a Close without a length. The file
 keeps the length of its last Sync or Close: data a writer put on storage
 after that is not counted, as a writer that dies before fsync or close
-loses its unsynced length.
+loses its unsynced length. Whether a lease ran out is judged on the
+metaserver's monotonic clock (:mod:`emberfs.metaserver.leases`); the wall
+clock times in the session record are for people to read.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from emberfs.common import extents
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
@@ -157,7 +161,9 @@ def renew(op: OpContext, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSe
     """Renew the leases of write sessions; report those that no longer exist.
 
     Touches only the session records themselves (not the session guards),
-    so renewing never conflicts with opens, creates or other renewals.
+    so renewing never conflicts with opens, creates or other renewals. The
+    lease of each session found is renewed before the commit, and the
+    record's rewrite makes an expiry that read it before conflict.
     """
     if len(req.sessions) > MAX_RENEW:
         raise InvalidArgument(f"more than {MAX_RENEW} sessions in one renewal")
@@ -174,37 +180,38 @@ def renew(op: OpContext, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSe
             expired.append(meta_pb2.SessionRef(inode=ref.inode, session_id=ref.session_id))
             continue
         session = records.decode_session(key, raw)
+        op.env.leases.renewed(ref.inode, ref.session_id)
         op.txn.put(key, records.encode_session(session.client_id, session.since_ns, op.now))
     return meta_pb2.RenewSessionsResponse(expired=expired)
 
 
-def lapsed(engine: KVEngine, deadline_ns: int) -> list[records.Session]:
-    """The sessions last renewed at or before ``deadline_ns`` (a snapshot scan)."""
+def stored(engine: KVEngine) -> list[records.Session]:
+    """Every open write session in the store (a snapshot scan)."""
     return [
-        session
-        for session in (
-            records.decode_session(key, raw)
-            for key, raw in engine.scan_prefix(keys.SESSION)
-            if keys.is_session_key(key)
-        )
-        if session.renewed_ns <= deadline_ns
+        records.decode_session(key, raw)
+        for key, raw in engine.scan_prefix(keys.SESSION)
+        if keys.is_session_key(key)
     ]
 
 
-def expire(op: OpContext, inode: int, session_id: int, deadline_ns: int) -> records.Session | None:
+def expire(
+    op: OpContext, inode: int, session_id: int, lapsed: Callable[[], bool]
+) -> records.Session | None:
     """End one session if its lease ran out: a Close without a length.
 
-    Returns the ended session, or None when it was closed or renewed after
-    ``deadline_ns`` in the meantime. The file keeps its recorded length; the
-    last session of an unlinked file queues its chunks for garbage
-    collection and drops the inode, as :func:`close` does.
+    ``lapsed()`` tells whether the lease ran out; it is asked once the
+    session's record has been read (see :mod:`emberfs.metaserver.leases`).
+    Returns the ended session, or None when it was closed or renewed in the
+    meantime. The file keeps its recorded length; the last session of an
+    unlinked file queues its chunks for garbage collection and drops the
+    inode, as :func:`close` does.
     """
     key = keys.session_key(inode, session_id)
     raw = op.txn.get(key)
     if raw is None:
         return None
     session = records.decode_session(key, raw)
-    if session.renewed_ns > deadline_ns:
+    if not lapsed():
         return None
     attr = op.get_inode(inode)
     if attr is None:

@@ -48,9 +48,10 @@ class Metaserver:
             if sel.select(timeout=0.2):
                 line = self.proc.stdout.readline()
                 if line.startswith("READY metaserver"):
-                    _, _, grpc_addr, _, admin_addr = line.split()
+                    _, _, grpc_addr, _, admin_addr, _, cluster_addr = line.split()
                     self.grpc_address = grpc_addr
                     self.admin_url = f"http://{admin_addr}"
+                    self.cluster_address = cluster_addr
                     return
                 if not line:
                     break
@@ -149,8 +150,19 @@ def test_failover_and_restart_keep_chains_and_versions(metaserver):
                 timeout=5,
             )
             assert list(r.target_ids) == [2 * i + 1, 2 * i + 2]
+            assert r.cluster_address == metaserver.cluster_address
             nodes.beating.add(node)
         nodes.thread.start()
+
+        # the cluster address serves ClusterService alone, on workers of its own
+        with grpc.insecure_channel(metaserver.cluster_address) as lane:
+            answer = cluster_pb2_grpc.ClusterServiceStub(lane).GetRouting(
+                cluster_pb2.GetRoutingRequest(), timeout=5
+            )
+            assert answer.routing == nodes.routing()
+            with pytest.raises(grpc.RpcError) as info:
+                meta_pb2_grpc.MetaServiceStub(lane).Ping(meta_pb2.PingRequest(), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
         routing = nodes.routing()
         assert [(c.chain_id, c.version, list(c.targets)) for c in routing.chains] == [
@@ -462,10 +474,6 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
     sweeps = []
     stop = threading.Event()
 
-    class Cluster:
-        def check_timeouts(self):
-            pass
-
     class GCQueue:
         def collect(self):
             pass
@@ -483,9 +491,23 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
             return 0
 
     loop = threading.Thread(
-        target=meta_main._timeout_loop, args=(Cluster(), GCQueue(), Namespace(), stop, 0.01, 1.0)
+        target=meta_main._sweep_loop, args=(GCQueue(), Namespace(), stop, 0.01, 1.0)
     )
     loop.start()
     loop.join(timeout=10)
     assert not loop.is_alive()
     assert len(sweeps) == 3
+
+
+@pytest.mark.parametrize(
+    ("heartbeat_timeout", "session_timeout"), [(5.0, 300.0), (2.0, 3.0), (1.5, 300.0), (60, 0.4)]
+)
+def test_timeouts_are_checked_at_least_twice_within_a_gap_that_counts_as_a_stall(
+    heartbeat_timeout, session_timeout
+):
+    from emberfs.metaserver import main as meta_main
+
+    max_gap, check, sweep = meta_main.intervals(heartbeat_timeout, session_timeout)
+    assert max_gap == min(heartbeat_timeout, session_timeout) / 2
+    assert 0 < check <= max_gap / 2 and check <= 0.5
+    assert 0 < sweep <= min(meta_main.SESSION_SWEEP_INTERVAL, session_timeout / 4)

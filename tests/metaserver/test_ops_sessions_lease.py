@@ -6,6 +6,7 @@ import pytest
 
 from emberfs.common.errors import InvalidArgument, NotFound
 from emberfs.metaserver import keys
+from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import Conflict, MemoryEngine
 from emberfs.metaserver.namespace import Namespace
 from emberfs.metaserver.opcontext import Credentials, OpContext
@@ -20,13 +21,16 @@ WRITE = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
 
 
 class Clock:
-    """A settable clock in nanoseconds."""
+    """A settable clock in nanoseconds, and the monotonic seconds that move with it."""
 
     def __init__(self) -> None:
         self.now = 1_700_000_000 * SECOND
 
     def __call__(self) -> int:
         return self.now
+
+    def seconds(self) -> float:
+        return self.now / SECOND
 
     def advance(self, seconds: float) -> None:
         self.now += int(seconds * SECOND)
@@ -37,11 +41,19 @@ def clock():
     return Clock()
 
 
+def make_ns(clock, engine=None, grace=None) -> Namespace:
+    return Namespace(
+        engine if engine is not None else MemoryEngine(),
+        chain_table=lambda: [1, 2, 3],
+        clock=clock,
+        session_timeout=TIMEOUT,
+        grace=grace if grace is not None else Grace(clock=clock.seconds),
+    )
+
+
 @pytest.fixture
 def ns(clock):
-    return Namespace(
-        MemoryEngine(), chain_table=lambda: [1, 2, 3], clock=clock, session_timeout=TIMEOUT
-    )
+    return make_ns(clock)
 
 
 def open_write(ns, path: str) -> meta_pb2.OpenResponse:
@@ -203,16 +215,89 @@ def test_renewal_does_not_conflict_with_concurrent_creates_and_opens(ns, clock):
     assert ns.stat(meta_pb2.StatRequest(path="/d/f")).attr.size == 5
 
 
-def test_renewal_racing_with_expiry_of_the_same_session_retries(ns, clock):
+def test_a_renewal_in_flight_keeps_its_session_from_expiring(ns, clock):
     resp = open_write(ns, "/f")
     ref = (resp.attr.inode, resp.session_id)
     clock.advance(TIMEOUT)
-    txn, _ = _renew_attempt(ns, clock, [ref])
-    assert len(ns.expire_sessions()) == 1
+    txn, out = _renew_attempt(ns, clock, [ref])  # it read the session: the lease is renewed
+    assert list(out.expired) == []
+    assert ns.expire_sessions() == []
+    txn.commit()  # no Conflict
+    assert session_ids(ns) == {ref}
+    clock.advance(TIMEOUT)
+    assert [(s.inode, s.session_id) for s in ns.expire_sessions()] == [ref]
+
+
+def test_renewal_racing_with_expiry_of_the_same_session_makes_the_expiry_retry(ns, clock):
+    resp = open_write(ns, "/f")
+    ref = (resp.attr.inode, resp.session_id)
+    clock.advance(TIMEOUT)
+    # an expiry that read the session and found its lease run out, not yet committed
+    txn = ns.engine.transaction()
+    op = OpContext(txn, Credentials(0, 0, frozenset()), ns._env, clock())
+    assert sessions.expire(op, *ref, lambda: ns._leases.lapsed(*ref)) is not None
+    assert renew(ns, ref) == set()
     with pytest.raises(Conflict):
         txn.commit()
-    # the retried renewal sees the session gone
-    assert renew(ns, ref) == {ref}
+    # the retried expiry finds the lease renewed
+    assert ns.expire_sessions() == []
+    assert session_ids(ns) == {ref}
+
+
+def test_leases_are_judged_on_the_monotonic_clock_not_the_stored_wall_clock(clock):
+    wall = Clock()  # the wall clock jumps, the monotonic one does not
+    ns = make_ns(wall, grace=Grace(clock=clock.seconds))
+    resp = open_write(ns, "/f")
+    ref = (resp.attr.inode, resp.session_id)
+    wall.advance(10 * TIMEOUT)
+    assert ns.expire_sessions() == []
+    (listed,) = ns.sessions()
+    assert listed["expires"] == wall.now + int(TIMEOUT * SECOND)
+    clock.advance(TIMEOUT)
+    assert [(s.inode, s.session_id) for s in ns.expire_sessions()] == [ref]
+
+
+def test_stored_sessions_get_a_full_timeout_after_a_restart(clock):
+    engine = MemoryEngine()
+    first = make_ns(clock, engine)
+    renewed = open_write(first, "/renewed")
+    old = open_write(first, "/old")
+    clock.advance(TIMEOUT - 1)
+    assert renew(first, (renewed.attr.inode, renewed.session_id)) == set()
+    # the metaserver stops; it starts again after longer than the timeout
+    clock.advance(2 * TIMEOUT)
+    grace = Grace(clock=clock.seconds)
+    ns = make_ns(clock, engine, grace)
+    clock.advance(1)
+    grace.begin()  # it listens from now
+    assert ns.expire_sessions() == []
+    clock.advance(TIMEOUT - 1)
+    assert ns.expire_sessions() == []
+    assert renew(ns, (renewed.attr.inode, renewed.session_id)) == set()
+    clock.advance(1)
+    # the one its client renewed lives on; the other's grace is over
+    assert [(s.inode, s.session_id) for s in ns.expire_sessions()] == [
+        (old.attr.inode, old.session_id)
+    ]
+    assert session_ids(ns) == {(renewed.attr.inode, renewed.session_id)}
+
+
+def test_sessions_get_a_full_timeout_after_a_stall_of_the_metaserver(clock):
+    grace = Grace(clock=clock.seconds, max_gap=TIMEOUT / 2)
+    ns = make_ns(clock, grace=grace)
+    resp = open_write(ns, "/f")
+    ref = (resp.attr.inode, resp.session_id)
+    clock.advance(TIMEOUT / 4)
+    assert ns.expire_sessions() == []
+    clock.advance(2 * TIMEOUT)  # stopped: nothing could be heard
+    assert ns.expire_sessions() == []
+    assert grace.stalls == 1
+    for _ in range(3):
+        clock.advance(TIMEOUT / 4)
+        assert ns.expire_sessions() == []
+    clock.advance(TIMEOUT / 4)
+    assert [(s.inode, s.session_id) for s in ns.expire_sessions()] == [ref]
+    assert grace.stalls == 1
 
 
 def test_session_timeout_must_be_positive():

@@ -190,6 +190,54 @@ def test_heartbeats_follow_routing_and_reregister(meta, nodes, tmp_path):
     assert sorted(node.stores) == [tid]
 
 
+class CountingServicer(cluster_service.ClusterServicer):
+    """ClusterService that counts the heartbeats it answers."""
+
+    def __init__(self, cluster, gc):
+        super().__init__(cluster, gc)
+        self.heartbeats = 0
+
+    def Heartbeat(self, request, context):
+        self.heartbeats += 1
+        return super().Heartbeat(request, context)
+
+
+def serve_lane(meta: Meta, advertised_host: str = "127.0.0.1"):
+    """A second ClusterService of ``meta``'s manager, named to nodes as its cluster address."""
+    servicer = CountingServicer(meta.manager, meta.servicer.gc)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    cluster_service.add_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    meta.manager.cluster_address = f"{advertised_host}:{port}"
+    return server, servicer
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_heartbeats_go_to_the_cluster_address_and_come_back_when_it_moves(meta, nodes, tmp_path):
+    first, lane = serve_lane(meta)
+    node = make_node(meta.address, tmp_path / "n", nodes)
+    assert node.start()
+    wait_until(lambda: lane.heartbeats >= 3, what="heartbeats on the cluster address")
+    before = meta.routing()
+    # the cluster address goes away (a restarted metaserver listens elsewhere): the next
+    # heartbeat goes to the main address, whose answer names the new one (a wildcard host
+    # stands for the host the node registered with)
+    first.stop(0).wait()
+    second, moved = serve_lane(meta, advertised_host="0.0.0.0")
+    try:
+        wait_until(lambda: moved.heartbeats >= 3, what="heartbeats on the new cluster address")
+    finally:
+        second.stop(0).wait()
+    assert meta.routing() == before  # no heartbeat was missed for long
+
+
 def write_once(routing, chain_id, inode, index, data):
     chain = next(c for c in routing.chains if c.chain_id == chain_id)
     head = chain.targets[0]
