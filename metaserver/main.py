@@ -68,6 +68,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="gRPC HOST:PORT of ClusterService for storage nodes, on worker threads of its "
         "own (default: the --listen host, any free port; nodes learn it when they register)",
     )
+    p.add_argument(
+        "--cluster-advertise",
+        help="the cluster address nodes are told (default: the bound one); a wildcard host, as "
+        "in 0.0.0.0:9402, means the host each node reached the metaserver by (nothing binds it)",
+    )
     p.add_argument("--replicas", type=int, default=3, help="targets per chain (default 3)")
     p.add_argument(
         "--heartbeat-timeout",
@@ -113,7 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--chunk-size: {exc}")
     if not 1 <= args.stripe <= layout_rules.MAX_STRIPE:
         p.error(f"--stripe must be between 1 and {layout_rules.MAX_STRIPE}")
-    for opt in ("listen", "admin_listen", "cluster_listen"):
+    for opt in ("listen", "admin_listen", "cluster_listen", "cluster_advertise"):
         if getattr(args, opt) is None:
             continue
         try:
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             where = cluster_listen if port else args.listen
             print(f"emberfs metaserver: cannot listen on {where}", file=sys.stderr)
             return 1
-        cluster.cluster_address = join_address(cluster_host, cluster_port)
+        cluster.cluster_address = args.cluster_advertise or join_address(cluster_host, cluster_port)
         cluster_server.start()
         grpc_server.start()
 

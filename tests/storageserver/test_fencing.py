@@ -1,8 +1,10 @@
 """A storage server cut off from the metaserver alone stops serving before the chain moves on.
 
 Real processes: a local cluster whose storage server 0 reaches the metaserver
-only through a TCP relay the test can cut, while clients and chain peers still
-reach it directly (a partition between one server and the metaserver).
+(its main address and the cluster address that heartbeats go to) only through
+TCP relays on another loopback address that the test can cut, while clients
+and chain peers still reach it directly: a partition between one server and
+the metaserver.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 import pytest
 
+from emberfs.cli.localcluster import free_port
 from emberfs.client.fs import EmberFileSystem
 from emberfs.common import framing, wire
 from emberfs.common.framing import Op
@@ -30,11 +33,11 @@ class Relay:
     packets between two hosts are lost; :meth:`heal` forwards again.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         host, port = upstream.rsplit(":", 1)
         self.upstream = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.listener = socket.create_server(listen)
+        self.address = "{}:{}".format(*self.listener.getsockname()[:2])
         self.cut_off = threading.Event()
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -94,6 +97,28 @@ class Relay:
         self.listener.close()
 
 
+OTHER_LOOPBACK = "127.0.0.2"  # nothing of the cluster binds it
+
+
+class Relays:
+    """Cut and heal several relays together."""
+
+    def __init__(self, relays: list[Relay]) -> None:
+        self.relays = relays
+
+    def cut(self) -> None:
+        for r in self.relays:
+            r.cut()
+
+    def heal(self) -> None:
+        for r in self.relays:
+            r.heal()
+
+    def close(self) -> None:
+        for r in self.relays:
+            r.close()
+
+
 def read_from(address: str, chain, target_id: int, inode: int) -> bytes:
     """Chunk 0 of ``inode`` read from one target, with no chain version check (an old routing)."""
     req = data_pb2.ChunkReadRequest(
@@ -119,13 +144,30 @@ def read_from(address: str, chain, target_id: int, inode: int) -> bytes:
 
 
 def test_a_server_cut_from_the_metaserver_stops_serving_before_it_is_replaced(private_cluster):
-    c = private_cluster(targets_per_server=1, heartbeat_timeout=2.0)
-    relay = Relay(c.meta_address)
+    # Nodes send heartbeats to the cluster address; told a wildcard host, each uses the host
+    # it reached the metaserver by, so server 0's heartbeats go through a relay too.
+    cluster_port = free_port()
+    c = private_cluster(
+        targets_per_server=1,
+        heartbeat_timeout=2.0,
+        extra_meta_args=[
+            "--cluster-listen",
+            f"127.0.0.1:{cluster_port}",
+            "--cluster-advertise",
+            f"0.0.0.0:{cluster_port}",
+        ],
+    )
+    meta_port = int(c.meta_address.rsplit(":", 1)[1])
+    relays = [
+        Relay(f"127.0.0.1:{port}", listen=(OTHER_LOOPBACK, port))
+        for port in (meta_port, cluster_port)
+    ]
+    relay = Relays(relays)
     try:
-        # storage server 0 talks to the metaserver through the relay from now on
+        # storage server 0 talks to the metaserver through the relays from now on
         c.storage[0].stop()
         argv = c.storage[0].argv
-        argv[argv.index("--meta") + 1] = relay.address
+        argv[argv.index("--meta") + 1] = relays[0].address
         c.start_storage(0)
         c.wait_serving(60)
         fs = EmberFileSystem(c.meta_address, skip_instance_cache=True, read_timeout=20.0)
