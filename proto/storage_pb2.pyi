@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChunkMeta(_message.Message):
-    __slots__ = ("inode", "index", "version", "pending_version", "length", "checksum")
+    __slots__ = ("inode", "index", "version", "pending_version", "length", "checksum", "damaged")
     INODE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FIELD_NUMBER: _ClassVar[int]
     inode: int
     index: int
     version: int
     pending_version: int
     length: int
     checksum: int
-    def __init__(self, inode: _Optional[int] = ..., index: _Optional[int] = ..., version: _Optional[int] = ..., pending_version: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+    damaged: bool
+    def __init__(self, inode: _Optional[int] = ..., index: _Optional[int] = ..., version: _Optional[int] = ..., pending_version: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., damaged: _Optional[bool] = ...) -> None: ...
 
 class ListChunksRequest(_message.Message):
     __slots__ = ("target_id", "inode", "after_inode", "after_index", "has_after", "limit")

@@ -43,6 +43,7 @@ _KEY = struct.Struct(">QI")
 _CONFIG_KEY = b"\x00" * _KEY.size  # inode 0 is never a chunk: the store's own settings
 _CONFIG = struct.Struct("<II")  # format, block size
 _FORMAT = 1
+_FORMAT_DAMAGED = 2  # the same layout; the committed version's file was lost (see recover)
 _RECORD = struct.Struct("<BQQIIQQII")
 _NO_SPACE = os.strerror(errno.ENOSPC)  # in the message of RocksDB's IOError
 
@@ -102,6 +103,7 @@ class ChunkMeta:
     checksum: int
     pending_length: int = 0
     pending_checksum: int = 0
+    damaged: bool = False
 
 
 @dataclass
@@ -122,10 +124,11 @@ class ChunkRecord:
     p_sum: int = 0
     c_crcs: list[int] = field(default_factory=list)
     p_crcs: list[int] = field(default_factory=list)
+    damaged: bool = False  # the committed version's file was lost: no content to serve
 
     def encode(self) -> bytes:
         head = _RECORD.pack(
-            _FORMAT,
+            _FORMAT_DAMAGED if self.damaged else _FORMAT,
             self.c_version,
             self.c_fid,
             self.c_len,
@@ -141,12 +144,12 @@ class ChunkRecord:
     @classmethod
     def decode(cls, raw: bytes, block_size: int) -> ChunkRecord:
         fmt, cv, cf, cl, cs, pv, pf, pl, ps = _RECORD.unpack_from(raw)
-        if fmt != _FORMAT:
+        if fmt not in (_FORMAT, _FORMAT_DAMAGED):
             raise ValueError(f"unknown chunk record format {fmt}")
         nc = framing.n_blocks(cl, block_size)
         np_ = framing.n_blocks(pl, block_size)
         crcs = list(struct.unpack_from(f"<{nc + np_}I", raw, _RECORD.size))
-        return cls(cv, cf, cl, cs, pv, pf, pl, ps, crcs[:nc], crcs[nc:])
+        return cls(cv, cf, cl, cs, pv, pf, pl, ps, crcs[:nc], crcs[nc:], fmt == _FORMAT_DAMAGED)
 
     def drop_pending(self) -> None:
         self.p_version = self.p_fid = self.p_len = self.p_sum = 0
@@ -164,6 +167,7 @@ class ChunkRecord:
             checksum=self.c_sum,
             pending_length=self.p_len,
             pending_checksum=self.p_sum,
+            damaged=self.damaged,
         )
 
 
@@ -211,10 +215,15 @@ class ChunkRecords:
             )
 
     def recover(self, files: ChunkFiles) -> int:
-        """Drop pending versions, and records whose file is missing or has the wrong size.
+        """Drop pending versions, and mark damaged the records whose file is missing or wrong.
 
-        Then ``files`` takes up what a previous run left: the chunk files no
-        record refers to go. Returns the number of records kept.
+        A committed version whose file did not reach the disk whole (a power
+        loss without ``fsync``) keeps its record, marked damaged: the chunk
+        existed, so it is neither read as a hole here nor removed from the
+        other replicas by a resync; reads and updates of it are refused until
+        a whole copy replaces it. Then ``files`` takes up what a previous run
+        left: the chunk files no record refers to go. Returns the number of
+        records kept.
         """
         from rocksdict import WriteBatch
 
@@ -235,12 +244,13 @@ class ChunkRecords:
             if rec.p_version:
                 rec.drop_pending()
                 dirty = True
-            if rec.c_version:
+            if rec.c_version and not rec.damaged:
                 path = files.path(inode, index, rec.c_version, rec.c_fid)
                 size = files.size(path)
                 if size != rec.c_len:
                     log.error(
-                        "%s: chunk %d:%d version %d: file %s (size %d, expected %d); dropped",
+                        "%s: chunk %d:%d version %d: file %s (size %d, expected %d); "
+                        "marked damaged",
                         self.root,
                         inode,
                         index,
@@ -249,7 +259,7 @@ class ChunkRecords:
                         size,
                         rec.c_len,
                     )
-                    rec = ChunkRecord()
+                    rec.damaged = True
                     dirty = True
                 else:
                     referenced[path] = size

@@ -160,12 +160,13 @@ class ChunkStore:
         Raises
         ------
         KeyError
-            The chunk has no committed version on this target.
+            The chunk has no committed version on this target, or it is
+            damaged (its file was lost: :meth:`ChunkRecords.recover`).
         """
         check_chunk(inode, index)
         with self._lock:
             rec = self._records.get(inode, index)
-            if rec is None or not rec.c_version:
+            if rec is None or not rec.c_version or rec.damaged:
                 raise KeyError((inode, index))
             path = self._files.path(inode, index, rec.c_version, rec.c_fid)
             fd = self._files.open_reader(path)
@@ -412,6 +413,7 @@ class ChunkStore:
                 garbage.append(self._committed_file(inode, index, rec))
             rec.c_version, rec.c_fid, rec.c_len = rec.p_version, rec.p_fid, rec.p_len
             rec.c_sum, rec.c_crcs = rec.p_sum, rec.p_crcs
+            rec.damaged = False  # whole content again (a damaged chunk stages only whole ones)
             rec.drop_pending()
             self._records.put(inode, index, rec)
             meta = rec.meta(inode, index)
@@ -460,6 +462,8 @@ class ChunkStore:
         checksum = framing.combine_crcs(crcs, self.block_size, len(view))
 
         def stale(rec: ChunkRecord | None) -> bool:
+            if rec is not None and rec.damaged:
+                return False  # a whole copy is what it waits for
             if replace:
                 return rec is not None and (rec.c_version, rec.c_len, rec.c_sum) == (
                     version,
@@ -482,7 +486,7 @@ class ChunkStore:
                 replaced.append(self._pending_file(inode, index, rec))
                 rec.drop_pending()
             rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
-            rec.c_sum, rec.c_crcs = checksum, crcs
+            rec.c_sum, rec.c_crcs, rec.damaged = checksum, crcs, False
             return rec, replaced, True
 
         return self._new_version(inode, index, version, view, switch)

@@ -541,6 +541,8 @@ class DataServer:
         """
         if role.kind == rp.WriteKind.CLIENT:
             steps = self.replica.plan_cut(req, self._chunks(store, req.inode))
+            if isinstance(steps, wire.Refused):
+                return steps
             forward = steps
         else:
             steps = self.replica.forwarded_cut(req, lambda i: store.meta(req.inode, i))

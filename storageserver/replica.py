@@ -212,6 +212,11 @@ def written(meta) -> data_pb2.ChunkWriteResponse:
     return data_pb2.ChunkWriteResponse(version=meta.version, chunk_length=meta.length)
 
 
+# The head cannot update a chunk whose content it lost (ChunkRecords.recover marks it damaged)
+# until a whole copy replaces it: the update is refused as retryable.
+_DAMAGED = wire.NotServing("the chunk is damaged on the chain's head: its file was lost")
+
+
 class Replica:
     """The replication state of one node's targets (floors, answers, locks) and its decisions.
 
@@ -309,6 +314,8 @@ class Replica:
         key = (req.target_id, req.chunk.inode, req.chunk.index)
         committed = rp.committed_version(meta)
         if role.kind == rp.WriteKind.CLIENT:
+            if rp.damaged(meta):
+                return _DAMAGED
             version, full = rp.next_version(meta, self.floor(key)), False
         else:
             action = rp.plan_forwarded(meta, req)
@@ -391,10 +398,11 @@ class Replica:
 
     def plan_cut(
         self, req: data_pb2.ChunkTruncateRequest, chunks: list
-    ) -> list[data_pb2.TruncateStep]:
+    ) -> list[data_pb2.TruncateStep] | wire.Refused:
         """The head's truncation: one step per chunk to cut, numbered above its floor.
 
-        ``chunks`` are the metadata of the inode's chunks on this target.
+        ``chunks`` are the metadata of the inode's chunks on this target. A
+        damaged one (its content lost here) cannot be cut: refused.
         """
         metas = {m.index: m for m in chunks}
         steps = []
@@ -407,6 +415,8 @@ class Replica:
         )
         for cut in cuts:
             meta = metas[cut.index]
+            if rp.damaged(meta):
+                return _DAMAGED
             key = (req.target_id, req.inode, cut.index)
             steps.append(
                 data_pb2.TruncateStep(

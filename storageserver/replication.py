@@ -128,6 +128,8 @@ def uncommitted(meta: ChunkMetaLike | None) -> wire.Refused:
     """Why a replica cannot serve a read now: the chunk is missing, or a version is pending."""
     if meta is None:
         return wire.ChunkNotFound("chunk not found")
+    if damaged(meta):
+        return wire.ChunkNotFound("damaged here: its file was lost; other replicas hold it")
     if meta.pending_version:
         return wire.NotCommitted(f"version {meta.pending_version} is pending")
     return wire.NotCommitted(f"version {meta.version} committed while the read looked for it")
@@ -243,7 +245,14 @@ class Apply:
     NEED_FULL = "need_full"  # base version differs: ask for the whole chunk
 
 
+def damaged(meta: ChunkMetaLike | None) -> bool:
+    """Whether the chunk's committed content was lost here (see ``ChunkRecords.recover``)."""
+    return bool(getattr(meta, "damaged", False))
+
+
 def _apply(meta: ChunkMetaLike | None, version: int, base_version: int, full: bool) -> str:
+    if damaged(meta):  # only a whole new content can stand in for what was lost
+        return Apply.FULL if full else Apply.NEED_FULL
     committed = committed_version(meta)
     if version <= committed:
         return Apply.ALREADY
@@ -489,9 +498,13 @@ def resync_action(mine: ChunkMetaLike | None, theirs) -> str:
     what is committed here is what the chain acknowledged: a successor ahead of
     it holds a version its predecessor gave up after forwarding it.
     """
+    if damaged(mine):
+        return Resync.KEEP  # nothing to copy, and the successor's copy may be the one left
     committed = committed_version(mine)
     if not committed:
         return Resync.REMOVE if theirs is not None else Resync.KEEP
+    if damaged(theirs):
+        return Resync.REPLACE
     if theirs is None or committed > theirs.version:
         return Resync.COPY
     if committed < theirs.version:

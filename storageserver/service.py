@@ -92,6 +92,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                         pending_version=m.pending_version,
                         length=m.length,
                         checksum=m.checksum,
+                        damaged=m.damaged,
                     )
                     for m in metas[:limit]
                 ],

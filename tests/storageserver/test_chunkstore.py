@@ -635,3 +635,25 @@ def test_direct_io_refused_falls_back_to_the_page_cache(tmp_path, monkeypatch):
         store.commit(5, 0, 1)
         assert not store.direct_io
         assert content(store, 5, 0) == payload
+
+
+def test_a_committed_file_lost_in_a_crash_is_marked_damaged_not_dropped(tmp_path):
+    root = tmp_path / "t"
+    with ChunkStore(root, block_size=BS) as s:
+        write(s, 3, 0, 4, 0, b"kept")
+        write(s, 3, 1, 2, 0, b"lost on this disk")
+    for path in chunk_files(root):
+        if path.stat().st_size == len(b"lost on this disk"):
+            path.unlink()  # the file never reached the disk; its record did
+    with ChunkStore(root, block_size=BS) as s:
+        m = s.meta(3, 1)
+        assert m.damaged and m.version == 2  # it existed: not a hole, not gone
+        assert not s.meta(3, 0).damaged and content(s, 3, 0) == b"kept"
+        with pytest.raises(KeyError):
+            s.read_committed(3, 1)
+        assert [c.index for c in s.list(inode=3)] == [0, 1]
+        # a whole copy (a resync, at the same version) makes it whole again
+        assert s.install(3, 1, 2, b"lost on this disk")
+        assert not s.meta(3, 1).damaged and content(s, 3, 1) == b"lost on this disk"
+    with ChunkStore(root, block_size=BS) as s:
+        assert not s.meta(3, 1).damaged and content(s, 3, 1) == b"lost on this disk"

@@ -258,3 +258,23 @@ def test_unreachable_successor_raises(pair):
                 successor_data_address=dead,
                 successor_grpc_address=dead,
             )
+
+
+@pytest.mark.timeout(60)
+def test_a_damaged_chunk_is_replaced_on_the_successor_and_kept_from_the_source(pair):
+    pred, succ, grpc_address, start = pair
+    put(pred, 1, 0, 3, b"whole here")
+    put(succ, 1, 0, 3, b"whole here")
+    put(pred, 1, 1, 2, b"whole on the successor")
+    put(succ, 1, 1, 2, b"whole on the successor")
+    for store, index in ((succ, 0), (pred, 1)):  # each lost one file in a crash
+        rec = store._records.get(1, index)
+        rec.damaged = True
+        store._records.put(1, index, rec)
+    target = start()
+    counts = run(pred, grpc_address, target)
+    # the source's whole copy replaces the successor's damaged one, and the source's damaged
+    # chunk neither removes nor overwrites the successor's whole one
+    assert counts["copied"] == 1 and counts["removed"] == 0
+    assert succ.read_committed(1, 0)[0] == b"whole here" and not succ.meta(1, 0).damaged
+    assert succ.read_committed(1, 1)[0] == b"whole on the successor"
