@@ -215,7 +215,7 @@ class Run:
 
     def monitor(self) -> None:
         """Report server processes that die on their own, and start them again."""
-        while not self.stop_monitor.wait(0.5):
+        while not self.stop_monitor.wait(self.driver.monitor_interval):
             for death in self.driver.unexpected_deaths():
                 self.violation("process_died", death)
                 try:
@@ -283,20 +283,24 @@ class Run:
 
     def prepare(self) -> None:
         from emberfs.client.fs import EmberFileSystem
+        from emberfs.proto import common_pb2, meta_pb2
 
-        routing = self.driver.routing()
+        stripe = max(1, len(self.driver.routing().chains))
         fs = EmberFileSystem(self.driver.meta_address, skip_instance_cache=True)
         try:
             fs.makedirs(ROOT_DIR, exist_ok=True)
+            if self.driver.token is None:  # no admin token: the namespace call itself
+                layout = common_pb2.Layout(chunk_size=self.args.chunk_size, stripe=stripe)
+                req = meta_pb2.SetLayoutRequest(
+                    ctx=fs._meta.context(), path=ROOT_DIR, layout=layout
+                )
+                fs._meta.meta("SetLayout", req, ROOT_DIR)
+            else:
+                set_layout(
+                    self.driver.admin_url, self.driver.token, ROOT_DIR, self.args.chunk_size, stripe
+                )
         finally:
             fs.close()
-        self.layout = set_layout(
-            self.driver.admin_url,
-            self.driver.token,
-            ROOT_DIR,
-            self.args.chunk_size,
-            max(1, len(routing.chains)),
-        )
 
     def start_clients(self) -> None:
         a = self.args

@@ -28,12 +28,13 @@ ChunkKey = tuple[int, int]  # (inode, index)
 ChunkState = tuple[int, int, int, int]  # (version, pending version, length, checksum)
 
 
-def list_chunks(grpc_address: str, target_id: int, timeout: float = 10.0) -> dict:
-    """Every chunk of one target: ``(inode, index) -> (version, pending, length, checksum)``."""
+def list_chunks(grpc_address: str, target_id: int, timeout: float = 10.0, inode: int = 0) -> dict:
+    """Every chunk of one target (of one inode if given): ``(inode, index) -> (version,
+    pending, length, checksum)``."""
     out: dict[ChunkKey, ChunkState] = {}
     with grpc.insecure_channel(grpc_address) as channel:
         stub = storage_pb2_grpc.StorageServiceStub(channel)
-        req = storage_pb2.ListChunksRequest(target_id=target_id, limit=1000)
+        req = storage_pb2.ListChunksRequest(target_id=target_id, limit=1000, inode=inode)
         while True:
             resp = stub.ListChunks(req, timeout=timeout)
             for c in resp.chunks:
@@ -44,6 +45,7 @@ def list_chunks(grpc_address: str, target_id: int, timeout: float = 10.0) -> dic
             req = storage_pb2.ListChunksRequest(
                 target_id=target_id,
                 limit=1000,
+                inode=inode,
                 has_after=True,
                 after_inode=last.inode,
                 after_index=last.index,
@@ -123,6 +125,7 @@ class LocalDriver:
     """
 
     mode = "local"
+    monitor_interval = 0.5  # seconds between looks for processes that died
 
     def __init__(
         self,

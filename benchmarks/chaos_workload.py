@@ -496,13 +496,83 @@ class Workload:
         runs = check_read(fm, start, got)
         stale = [r.as_dict() for r in runs if r.stale]
         never = [r.as_dict() for r in runs if not r.stale]
-        if stale:
-            self.report(stale_kind, fm, op, {"read_start": start, "runs": stale[:8]})
-        if never:
-            self.report("never_written", fm, op, {"read_start": start, "runs": never[:8]})
+        if runs and self.bad_reports.get(fm.file_id, 0) < MAX_VIOLATIONS_PER_FILE:
+            seen = self.diagnose(fm, start, end, runs)
+            if stale:
+                self.report(stale_kind, fm, op, {"read_start": start, "runs": stale[:8], **seen})
+            if never:
+                self.report(
+                    "never_written", fm, op, {"read_start": start, "runs": never[:8], **seen}
+                )
+        elif runs:
+            self.report(stale_kind if stale else "never_written", fm, op, {})
         return sum(
             b - a for a, b, ids in fm.content.pieces(start, start + len(got)) if len(ids) == 1
         )
+
+    def diagnose(self, fm: FileModel, start: int, end: int | None, runs) -> dict:
+        """What the cluster holds right after a wrong read: the routing the client had, each
+        replica of the chunks concerned (``ListChunks``) and two more reads of the range."""
+        from benchmarks.chaos_cluster import list_chunks
+        from emberfs.proto import meta_pb2
+
+        out: dict = {}
+        try:
+            cached = self.fs._rt.get().routing.get()
+            h = self.fs._open_handle(fm.path, meta_pb2.OPEN_READ)
+            fresh = self.fs._meta.routing()
+            chunks = sorted(
+                {
+                    i
+                    for r in runs
+                    for i in range(r.start // h.chunk_size, (r.end - 1) // h.chunk_size + 1)
+                }
+            )
+            states = {t.target_id: t for t in fresh.targets}
+            replicas = []
+            for index in chunks[:3]:
+                chain_id = h.chains[index % len(h.chains)]
+                chain = next(c for c in fresh.chains if c.chain_id == chain_id)
+                seen_chain = cached.chains.get(chain_id)
+                item = {
+                    "chunk": index,
+                    "chain": chain_id,
+                    "chain_version": chain.version,
+                    "client_chain_version": seen_chain.version if seen_chain else None,
+                    "client_chain": [
+                        [t.target_id, t.state] for t in (seen_chain.targets if seen_chain else ())
+                    ],
+                    "targets": {},
+                }
+                for tid in chain.targets:
+                    t = states[tid]
+                    try:
+                        got = list_chunks(t.grpc_address, tid, 5.0, h.inode).get((h.inode, index))
+                    except Exception as exc:
+                        got = f"{type(exc).__name__}"
+                    item["targets"][str(tid)] = {
+                        "address": t.data_address,
+                        "state": t.state,
+                        "chunk": got,
+                    }
+                replicas.append(item)
+            out["replicas_after"] = replicas
+        except Exception as exc:
+            out["replicas_after"] = f"{type(exc).__name__}: {exc}"[:300]
+        rereads = []
+        for _ in range(2):
+            try:
+                again = self.fs.cat_file(fm.path, start, end)
+                bad = check_read(fm, start, again)
+                rereads.append(
+                    "same bytes"
+                    if bad == runs
+                    else ("right" if not bad else f"{len(bad)} other wrong runs")
+                )
+            except Exception as exc:
+                rereads.append(f"{type(exc).__name__}: {exc}"[:200])
+        out["rereads"] = rereads
+        return out
 
     def report(self, kind: str, fm: FileModel, op: int, detail: dict) -> None:
         n = self.bad_reports.get(fm.file_id, 0) + 1
