@@ -39,6 +39,7 @@ import json
 import multiprocessing
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -248,6 +249,7 @@ class Run:
 
             self.driver = ComposeDriver(self.data_dir, token, project=a.compose_project)
         self.clients: list[Client] = []
+        self.runner: chaos_faults.FaultRunner | None = None
         monitor = threading.Thread(target=self.monitor, daemon=True)
         try:
             try:
@@ -264,6 +266,8 @@ class Run:
             summary = self.summary(stats)
         finally:
             self.stop_monitor.set()
+            if self.runner is not None:
+                self.runner.stop()
             for c in self.clients:
                 if c.proc.is_alive():
                     c.proc.terminate()
@@ -558,8 +562,14 @@ class Run:
                 )
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM unwinds like an exception: the cluster and the clients are stopped."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     print(f"chaos: seed {args.seed}", file=sys.stderr)
     try:
         return Run(args).execute()

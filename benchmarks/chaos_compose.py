@@ -117,6 +117,12 @@ class ComposeDriver:
             raise RuntimeError("the compose cluster's targets are not all serving")
 
     def stop(self) -> None:
+        for svc in STORAGE_SERVICES:  # a frozen container does not stop
+            subprocess.run(
+                ["docker", "unpause", self.containers.get(svc, svc)],
+                capture_output=True,
+                timeout=60,
+            )
         for i in list(self._cut):
             try:
                 self.heal_partition(i)

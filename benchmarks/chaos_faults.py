@@ -146,6 +146,7 @@ class FaultRunner:
         self.log: list[FaultRecord] = []
         self._lock = threading.Lock()
         self.stopping = threading.Event()
+        self._lanes: list[threading.Thread] = []
 
     def _record(self, rnd: Round, fault: Fault) -> FaultRecord:
         with self._lock:
@@ -213,9 +214,16 @@ class FaultRunner:
         meta = threading.Thread(
             target=self.run_lane, args=(rnd, rnd.meta, rnd.meta_delay), daemon=True
         )
+        self._lanes.append(meta)
         meta.start()
         self.run_lane(rnd, rnd.storage)
         meta.join()
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Apply no more faults; wait for a fault being healed to be healed."""
+        self.stopping.set()
+        for lane in self._lanes:
+            lane.join(timeout)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

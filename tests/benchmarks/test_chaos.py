@@ -187,6 +187,57 @@ def test_the_schedule_keeps_to_its_kinds_and_durations():
     assert {f.kind for f in only_kills.storage} == {"storage_kill"} and only_kills.meta == []
 
 
+class FakeDriver:
+    servers = 3
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.calls: list[tuple] = []
+        self.fail_start = fail_start
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, *args))
+            if name == "start_storage" and self.fail_start:
+                raise RuntimeError("port in use")
+            return True
+
+        return call
+
+
+def test_the_runner_breaks_then_heals_and_reports_what_it_could_not_heal():
+    rnd = faults.Round(
+        index=0,
+        storage=[
+            faults.Fault("storage_kill", 1, 0.01, 0.0, True),
+            faults.Fault("storage_pause_long", 2, 0.01, 0.0, False),
+        ],
+        meta=[faults.Fault("meta_kill", None, 0.01, 0.0, False)],
+        meta_delay=0.0,
+        quiet=0.0,
+    )
+    driver, found = FakeDriver(), []
+    runner = faults.FaultRunner(driver, lambda kind, detail: found.append(kind))
+    runner.run_round(rnd)
+    storage = [c for c in driver.calls if c[0] not in ("kill_meta", "start_meta")]
+    assert storage == [
+        ("kill_storage", 1),
+        ("start_storage", 1),
+        ("wait_serving", 90),
+        ("pause_storage", 2),
+        ("resume_storage", 2),
+    ]
+    assert [c for c in driver.calls if c[0] in ("kill_meta", "start_meta")] == [
+        ("kill_meta",),
+        ("start_meta",),
+    ]
+    assert runner.counts() == {"storage_kill": 1, "storage_pause_long": 1, "meta_kill": 1}
+    assert all(r.healed >= r.start > 0 for r in runner.log) and found == []
+
+    broken = faults.FaultRunner(FakeDriver(fail_start=True), lambda k, d: found.append(k))
+    rec = broken.apply(rnd, rnd.storage[0])
+    assert found == ["restart_failed"] and "port in use" in rec.notes[0]
+
+
 # replica agreement ---------------------------------------------------------------------------
 def test_replica_differences_name_the_chunk_and_every_replica():
     from emberfs.proto import common_pb2
@@ -231,7 +282,16 @@ def test_chaos_short_run_finds_no_violation(tmp_path):
     ]
     env = dict(os.environ)
     env.pop("EMBERFS_META", None)
-    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=560)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, err = proc.communicate(timeout=540)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: it stops its cluster and clients, then exits
+        _, err = proc.communicate(timeout=60)
+        pytest.fail(f"the checker did not finish:\n{err[-4000:]}")
+    r = subprocess.CompletedProcess(argv, proc.returncode, "", err)
     assert r.returncode in (0, 1), f"the checker could not run:\n{r.stderr[-4000:]}"
     summary = json.loads(out.read_text())
     assert summary["faults"]["total"] >= 20
