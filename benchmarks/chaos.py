@@ -232,8 +232,10 @@ class Run:
         keep = a.keep
         made_dir = a.data_dir is None
         self.data_dir = Path(a.data_dir or tempfile.mkdtemp(prefix="emberfs-chaos-"))
+        if (self.data_dir / "clients").exists():
+            raise CouldNotRun(f"{self.data_dir} holds an earlier run; give an empty directory")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "clients").mkdir(exist_ok=True)
+        (self.data_dir / "clients").mkdir()
         token = secrets.token_hex(16)
         if a.mode == "local":
             self.driver = LocalDriver(

@@ -112,6 +112,9 @@ class Workload:
         self.last_path: dict[int, str] = {}  # file -> the last path it had
         self.renames: dict[int, int] = {}
         self.force_rewrite: set[int] = set()
+        # files a read found wrong: left alone until the next check reads them after the heal
+        self.held: set[int] = set()
+        self.verifying = False
         self.bad_reports: dict[int, int] = {}
         self.created = 0
         self.op_id = 0
@@ -138,6 +141,8 @@ class Workload:
         self.emit(v)
         if fm is not None:
             self.force_rewrite.add(fm.file_id)
+            if not self.verifying:
+                self.held.add(fm.file_id)
         return v
 
     def run_op(self, kind: str, fm: FileModel | None, path: str | None, args: dict, fn):
@@ -179,7 +184,7 @@ class Workload:
 
     # choosing ----------------------------------------------------------------------------
     def live(self) -> list[FileModel]:
-        return [f for f in self.files.values() if not f.removed]
+        return [f for f in self.files.values() if not f.removed and f.file_id not in self.held]
 
     def step(self) -> None:
         """One operation, chosen by the client's generator."""
@@ -496,7 +501,9 @@ class Workload:
         runs = check_read(fm, start, got)
         stale = [r.as_dict() for r in runs if r.stale]
         never = [r.as_dict() for r in runs if not r.stale]
-        if runs and self.bad_reports.get(fm.file_id, 0) < MAX_VIOLATIONS_PER_FILE:
+        if runs and (
+            self.verifying or self.bad_reports.get(fm.file_id, 0) < MAX_VIOLATIONS_PER_FILE
+        ):
             seen = self.diagnose(fm, start, end, runs)
             if stale:
                 self.report(stale_kind, fm, op, {"read_start": start, "runs": stale[:8], **seen})
@@ -577,14 +584,28 @@ class Workload:
     def report(self, kind: str, fm: FileModel, op: int, detail: dict) -> None:
         n = self.bad_reports.get(fm.file_id, 0) + 1
         self.bad_reports[fm.file_id] = n
-        if n <= MAX_VIOLATIONS_PER_FILE:
+        if n <= MAX_VIOLATIONS_PER_FILE or self.verifying:
             self.violation(kind, fm, op, detail)
         else:
             self.force_rewrite.add(fm.file_id)
 
     # verification --------------------------------------------------------------------------
     def verify(self, check_id: int) -> dict:
-        """Read every file back and compare the directory with the model (cluster healed)."""
+        """Read every file back and compare the directory with the model (cluster healed).
+
+        Files a read found wrong since the last check were left alone meanwhile, so this
+        tells whether their acknowledged bytes are lost (``lost_write``) or were only read
+        wrong; they are written whole again afterwards.
+        """
+        self.verifying = True
+        try:
+            return self._verify(check_id)
+        finally:
+            self.verifying = False
+            self.force_rewrite |= self.held
+            self.held.clear()
+
+    def _verify(self, check_id: int) -> dict:
         exact = loose = files = 0
         for fm in list(self.files.values()):
             if fm.path is None and not fm.removed:
