@@ -260,6 +260,42 @@ def test_replica_differences_name_the_chunk_and_every_replica():
     assert cluster.replica_differences(routing, lambda addr, tid: whole[tid]) == []
 
 
+# the checker against a real cluster -----------------------------------------------------------
+@pytest.mark.slow
+def test_the_workload_reports_a_write_that_never_reached_storage(cluster, tmp_path):
+    """A write the model counts as acknowledged but that was never sent reads as stale, and
+    as lost once checked after the heal; the file waits for that check."""
+    workload = importlib.import_module("benchmarks.chaos_workload")
+    history = tmp_path / "client.jsonl"
+    w = workload.Workload(
+        workload.ClientConfig(
+            0, 1, cluster.meta_address, "/chaos-canary", 4 << 20, str(history), max_files=3
+        )
+    )
+    try:
+        w.fs.makedirs(w.dir, exist_ok=True)
+        w.create()
+        w.create()
+        fm = next(iter(w.files.values()))
+        w._overwrite(fm, "overwrite_in_chunk", 0, 5000)  # a real write: the file has 5000 bytes
+        wid = fm.new_write(0, 1000, 3000)
+        fm.write_at(wid, True, 0)  # as if acknowledged; nothing was written
+        w.read_back(fm, 0, None)
+        assert w.held == {fm.file_id} and fm not in w.live()
+        for _ in range(10):
+            w.step()
+        w.verify(1)
+        assert w.held == set() and fm.file_id in w.force_rewrite
+    finally:
+        w.close()
+    found = [json.loads(line) for line in history.read_text().splitlines()]
+    kinds = [(v["kind"], v["file"]) for v in found if v["type"] == "violation"]
+    assert kinds == [("stale_read", fm.file_id), ("lost_write", fm.file_id)]
+    run = next(v for v in found if v["type"] == "violation")["detail"]["runs"][0]
+    assert run["allowed_writes"] == [wid] and run["found_write"] != wid
+    assert 1000 <= run["start"] < run["end"] <= 3000
+
+
 # the short run -----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(600)
