@@ -327,6 +327,7 @@ class Run:
                 root=ROOT_DIR,
                 chunk_size=a.chunk_size,
                 history=str(self.data_dir / "clients" / f"client-{i}.jsonl"),
+                max_size=max(2 << 20, 6 * a.chunk_size),  # files of several chunks
                 fs_options=fs_options,
             )
             self.clients.append(Client(ctx, cfg))

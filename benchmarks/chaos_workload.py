@@ -217,7 +217,8 @@ class Workload:
             return 0
         if r < 0.4:
             return self.rng.randrange(1, cs)
-        return self.rng.randrange(cs, min(self.cfg.max_size, 4 * cs + cs // 2))
+        hi = min(self.cfg.max_size, 4 * cs + cs // 2)
+        return self.rng.randrange(cs, hi) if hi > cs else self.rng.randrange(1, self.cfg.max_size)
 
     # writes --------------------------------------------------------------------------------
     def _write_file(self, path: str, mode: str, data: bytes, result: dict) -> None:

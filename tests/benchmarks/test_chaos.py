@@ -269,7 +269,7 @@ def test_the_workload_reports_a_write_that_never_reached_storage(cluster, tmp_pa
     history = tmp_path / "client.jsonl"
     w = workload.Workload(
         workload.ClientConfig(
-            0, 1, cluster.meta_address, "/chaos-canary", 4 << 20, str(history), max_files=3
+            0, 1, cluster.meta_address, "/chaos-canary", 256 * KiB, str(history), max_files=3
         )
     )
     try:
