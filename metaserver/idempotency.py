@@ -26,8 +26,10 @@ Records are pruned two ways:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from google.protobuf.message import Message
 
@@ -156,3 +158,37 @@ def prune_expired(
     if seen < limit or last is None:
         return None, seen
     return last + b"\x00", seen
+
+
+class InFlight:
+    """The mutating requests running now, so that a retry waits for its first attempt.
+
+    A client retries a call whose answer it did not get in time while the
+    first attempt may still be running here (a ``Truncate`` or an ``Open``
+    that truncates waits for the storage chains). Run side by side, the two
+    could both act on storage, the first after the client has moved on (a
+    cut landing after the file's next write). :meth:`running` makes the
+    retry wait until the first attempt ended; it then finds the first
+    attempt's stored result (or, if that attempt failed, runs again).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, int], threading.Event] = {}  # set when the attempt ends
+
+    @contextlib.contextmanager
+    def running(self, key: tuple[str, int]) -> Iterator[None]:
+        """Hold ``key`` (client id, request id) for the block, after any attempt holding it."""
+        while True:
+            with self._lock:
+                done = self._running.get(key)
+                if done is None:
+                    done = self._running[key] = threading.Event()
+                    break
+            done.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._running[key]
+            done.set()

@@ -145,6 +145,7 @@ class Namespace:
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
         self._hints = idempotency.PruneHints()
+        self._inflight = idempotency.InFlight()
         run_transaction(engine, self._make_root)
         self._by_type = self._scan_counts()
 
@@ -181,8 +182,16 @@ class Namespace:
         ``sync=False`` leaves the WAL sync of the commit to a later ``engine.sync()``.
         """
         ctx = req.ctx
-        creds = Credentials.from_request(ctx)
         dedup = method is not None and bool(ctx.client_id) and ctx.request_id != 0
+        if not dedup:
+            return self._run_once(fn, req, None, sync=sync)
+        with self._inflight.running((ctx.client_id, ctx.request_id)):
+            return self._run_once(fn, req, method, sync=sync)
+
+    def _run_once(self, fn: Op, req: Any, method: str | None, *, sync: bool) -> Message:
+        ctx = req.ctx
+        creds = Credentials.from_request(ctx)
+        dedup = method is not None
         last: list[OpContext] = []
         replayed = [False]
 

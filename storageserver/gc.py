@@ -10,7 +10,10 @@ second.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 from emberfs.storageserver.chunkstore import ChunkStore
@@ -27,6 +30,7 @@ def run_gc_once(
     *,
     limit: int = 256,
     timeout: float = DEFAULT_TIMEOUT,
+    hold: Callable[[int, int], AbstractContextManager] | None = None,
 ) -> int:
     """Fetch one batch of GC items, remove their chunks locally and acknowledge them.
 
@@ -42,6 +46,11 @@ def run_gc_once(
         Most items fetched.
     timeout : float, default 10.0
         Deadline of each RPC, in seconds.
+    hold : callable, optional
+        ``hold(target id, inode)`` holds the inode on the target while its
+        chunks go (the data server's
+        :meth:`~emberfs.storageserver.replica.Replica.truncating`), so no
+        update of it is between staging and commit meanwhile.
 
     Returns
     -------
@@ -68,7 +77,8 @@ def run_gc_once(
             if not chain or chain not in chains:
                 continue
             try:
-                removed += store.remove_inode(item.inode)
+                with hold(target_id, item.inode) if hold else contextlib.nullcontext():
+                    removed += store.remove_inode(item.inode)
             except (OSError, ValueError):
                 log.exception("GC of inode %d on target %d failed", item.inode, target_id)
                 continue

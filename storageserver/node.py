@@ -36,7 +36,7 @@ from typing import NamedTuple
 import grpc
 
 from emberfs.common.addresses import join_address, split_address
-from emberfs.common.routing import RoutingView
+from emberfs.common.routing import SERVING, RoutingView
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
@@ -498,8 +498,16 @@ class Node:
         """One round of garbage collection and resync scheduling."""
         view = self._view
         stores = dict(self._stores)
+        # A target still being resynced collects once it serves: a copy of a chunk its source
+        # had not collected yet could otherwise arrive after the target collected the inode.
+        serving = {t: store for t, store in stores.items() if view.state(t) == SERVING}
         try:
-            run_gc_once(self._node_calls(), stores, {t: view.chain_of(t) for t in stores})
+            run_gc_once(
+                self._node_calls(),
+                serving,
+                {t: view.chain_of(t) for t in serving},
+                hold=self._data.replica.truncating,
+            )
         except grpc.RpcError as exc:
             log.info("garbage collection round failed: %s", exc.details())
         except Exception:

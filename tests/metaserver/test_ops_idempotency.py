@@ -332,3 +332,51 @@ def test_batch_remove_retry_applies_once(ns):
     ns.create(meta_pb2.CreateRequest(path="/a"))  # a new file of the same name
     assert ns.batch_remove(req) == first  # the retry removes nothing again
     assert ns.stat(meta_pb2.StatRequest(path="/a")).attr.inode
+
+
+def test_a_retry_waits_for_its_first_attempt_still_running(clock):
+    """A truncating Open retried while its first attempt still cuts the chunks cuts them once.
+
+    Run side by side, the first attempt's cut could land on storage after the client, answered
+    by the retry, had written the file again.
+    """
+    import threading
+
+    cuts = []
+    first_cutting = threading.Event()
+    let_it_finish = threading.Event()
+
+    def truncate_chunks(attr, length):
+        cuts.append(length)
+        first_cutting.set()
+        let_it_finish.wait(10)
+
+    ns = Namespace(
+        MemoryEngine(), chain_table=lambda: [1, 2, 3], clock=clock, truncate_chunks=truncate_chunks
+    )
+    h = ns.open(
+        meta_pb2.OpenRequest(
+            ctx=ctx(1), path="/f", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE, mode=0o644
+        )
+    )
+    ns.close(
+        meta_pb2.CloseRequest(
+            ctx=ctx(2), inode=h.attr.inode, session_id=h.session_id, length=100, wrote=True
+        )
+    )
+    req = meta_pb2.OpenRequest(
+        ctx=ctx(3), path="/f", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_TRUNCATE
+    )
+    answers = []
+    first = threading.Thread(target=lambda: answers.append(ns.open(req)))
+    first.start()
+    assert first_cutting.wait(10)
+    retry = threading.Thread(target=lambda: answers.append(ns.open(req)))  # the client gave up
+    retry.start()
+    retry.join(0.5)
+    assert retry.is_alive()  # it waits for the first attempt instead of cutting again
+    let_it_finish.set()
+    first.join(10)
+    retry.join(10)
+    assert cuts == [0]
+    assert len(answers) == 2 and answers[0] == answers[1]

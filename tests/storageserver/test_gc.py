@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent import futures
 
@@ -138,3 +139,20 @@ def test_gc_without_targets_or_manager(stores, tmp_path):
             run_gc_once(cluster_pb2_grpc.ClusterServiceStub(channel), stores, {1: 10}, timeout=1)
     finally:
         channel.close()
+
+
+@pytest.mark.timeout(60)
+def test_gc_holds_each_inode_while_its_chunks_go(manager, stores):
+    # the data server's inode lock: no chunk update of the inode is between staging and commit
+    queue, stub = manager
+    fill(stores[1], 100, 2)
+    queue.add(1, 100, [10])
+    held = []
+
+    @contextlib.contextmanager
+    def hold(target_id, inode):
+        held.append((target_id, inode, len(stores[target_id].list(inode))))
+        yield
+
+    assert run_gc_once(stub, stores, {1: 10, 2: 20}, hold=hold) == 2
+    assert held == [(1, 100, 2)]  # taken before the chunks went

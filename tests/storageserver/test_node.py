@@ -390,3 +390,33 @@ def test_storageserver_command_serves_metrics_and_exits_on_sigterm(meta, tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_target_being_resynced_collects_garbage_only_once_it_serves(
+    meta, nodes, tmp_path, monkeypatch
+):
+    # A resync copy of a chunk its source has not collected yet may arrive after the syncing
+    # target collected the inode: it would stay behind on that one replica.
+    from emberfs.storageserver import node as node_module
+
+    node = make_node(meta.address, tmp_path / "a", nodes, targets=2, background_interval=3600)
+    assert node.start()
+    meta.wait_for(all_serving(2))
+    collected: list[list[int]] = []
+    monkeypatch.setattr(
+        node_module,
+        "run_gc_once",
+        lambda stub, stores, chains, **kw: collected.append(sorted(stores)),
+    )
+    syncing, serving = sorted(node.stores)
+    routing = meta.routing()
+    routing.version += 1
+    next(t for t in routing.targets if t.target_id == syncing).state = common_pb2.SYNCING
+    assert node.set_routing(routing)
+    node.background_once()
+    assert collected == [[serving]]
+    routing.version += 1
+    next(t for t in routing.targets if t.target_id == syncing).state = common_pb2.SERVING
+    assert node.set_routing(routing)
+    node.background_once()
+    assert collected[-1] == [syncing, serving]
