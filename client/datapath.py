@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
+import queue
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 from emberfs.client.lanes import PendingRead, ReadLanes, check_answer
 from emberfs.client.retry import RequestIds, TransientError, retry
@@ -23,7 +26,9 @@ from emberfs.client.routing import RoutingCache
 from emberfs.common import framing, wire
 from emberfs.common.framing import Op
 from emberfs.common.routing import ChainView, RoutingView, TargetView
-from emberfs.proto import data_pb2
+from emberfs.proto import cluster_pb2, data_pb2
+
+log = logging.getLogger(__name__)
 
 
 class ChunkLost(OSError):
@@ -42,6 +47,70 @@ class ChunkLost(OSError):
         self.chain_id, self.inode, self.index = chain_id, inode, index
 
 
+class LackingReplicas:
+    """Reports replicas that lacked chunk data another replica served: the ``on_lacking`` of reads.
+
+    Each (replica, chain version, chunk) is reported once, to the metaserver
+    (``ClusterService.ReportLostChunk``), which checks the claim and has the
+    replica resynced (:mod:`emberfs.metaserver.repair`). Reports leave from a
+    thread of their own, so the read that found one does not wait.
+
+    Parameters
+    ----------
+    send : callable
+        ``send(ReportLostChunkRequest)``; what it raises is logged and dropped.
+    """
+
+    REMEMBERED = 4096  # reports remembered against repeats
+
+    def __init__(self, send: Callable[[cluster_pb2.ReportLostChunkRequest], object]) -> None:
+        self._send = send
+        self._sent: set[tuple[int, int, int, int]] = set()
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def __call__(
+        self, chain: ChainView, target: TargetView, inode: int, index: int, length: int
+    ) -> None:
+        key = (target.target_id, chain.version, inode, index)
+        with self._lock:
+            if key in self._sent:
+                return
+            if len(self._sent) >= self.REMEMBERED:
+                self._sent.clear()
+            self._sent.add(key)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="emberfs-lost-chunks", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(
+            cluster_pb2.ReportLostChunkRequest(
+                chain_id=chain.chain_id,
+                target_id=target.target_id,
+                inode=inode,
+                index=index,
+                length=length,
+            )
+        )
+
+    def _run(self) -> None:
+        while (req := self._queue.get()) is not None:
+            try:
+                self._send(req)
+            except Exception as exc:  # the metaserver may be away; readers report again later
+                log.info("could not report target %d lacking a chunk: %s", req.target_id, exc)
+
+    def stop(self) -> None:
+        """End the reporting thread (reports not yet sent are dropped)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout=1)
+
+
 class DataClient:
     """Chunk reads and writes against the replication chains.
 
@@ -56,6 +125,10 @@ class DataClient:
         heartbeat timeout) before it raises.
     write_timeout : float, default 60.0
         The same for a chunk write.
+    on_lacking : callable, optional
+        ``on_lacking(chain, target, inode, index, length)``: a serving
+        replica lacked the first ``length`` bytes of a chunk that another
+        replica of its chain then served (see :class:`LackingReplicas`).
 
     Attributes
     ----------
@@ -72,8 +145,10 @@ class DataClient:
         *,
         read_timeout: float = 60.0,
         write_timeout: float = 60.0,
+        on_lacking: Callable[[ChainView, TargetView, int, int, int], None] | None = None,
     ) -> None:
         self.routing = routing
+        self.on_lacking = on_lacking
         self.ids = ids
         self.pool = pool
         self.read_timeout = read_timeout
@@ -174,6 +249,7 @@ class DataClient:
             failures: list[str] = []
             bad_requests = 0
             missing = 0  # replicas without the chunk, or with less of it than ``need``
+            lacking: list[TargetView] = []
             for target in self._replicas(chain):
                 address = target.data_address
                 with self._lock:
@@ -182,6 +258,7 @@ class DataClient:
                     n = self._read_once(target, chain, inode, index, offset, out)
                 except wire.ChunkNotFound:
                     missing += 1
+                    lacking.append(target)
                     continue
                 except wire.Refused as exc:
                     failures.append(f"{address}: {exc}")
@@ -198,9 +275,13 @@ class DataClient:
                         self._outstanding[address] -= 1
                 if n < need:  # it lacks data that was written: another replica may have it
                     missing += 1
+                    lacking.append(target)
                     continue
                 if n < len(out):
                     out[n:] = bytes(len(out) - n)
+                if need and lacking and self.on_lacking is not None:
+                    for lost in lacking:  # this one has what they lack: they get repaired
+                        self.on_lacking(chain, lost, inode, index, offset + need)
                 return
             if missing and not failures:  # every serving replica says so
                 if need:

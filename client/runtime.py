@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING
 
 from emberfs.client.buffers import BlockPool
-from emberfs.client.datapath import DataClient
+from emberfs.client.datapath import DataClient, LackingReplicas
 from emberfs.client.handles import SessionLeases
 from emberfs.client.meta import MetaClient
 from emberfs.client.retry import RequestIds
@@ -52,12 +53,15 @@ class Runtime:
             live=lambda: live_addresses(routing.refresh(routing.get()).targets.values()),
             stall_check=fs.stall_check,
         )
+        # replicas found without data another replica served, reported for repair
+        self.lacking = LackingReplicas(partial(self.meta.cluster, "ReportLostChunk"))
         self.data = DataClient(
             self.routing,
             self.ids,
             self.pool,
             read_timeout=fs.read_timeout,
             write_timeout=fs.write_timeout,
+            on_lacking=self.lacking,
         )
         self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
         # readahead block buffers, reused so a long read does not fault in fresh memory
@@ -71,6 +75,7 @@ class Runtime:
             self.meta.abandon()
             return
         self.leases.stop()
+        self.lacking.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.blocks.clear()
         self.pool.close()

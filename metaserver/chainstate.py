@@ -21,6 +21,8 @@ The rules are those of 3FS:
   none syncing, its first waiting target starts syncing;
 * a finished resync (``SyncDone`` under the current chain version) makes the
   syncing target serve;
+* a serving target found to lack data that another serving target holds
+  waits (and so is resynced from the chain); the last serving one keeps serving;
 * every change orders the chain serving (keeping their relative order),
   lastsrv, syncing, waiting, offline, and bumps the chain version.
 """
@@ -173,6 +175,20 @@ def on_return(chain: Chain, target_id: int, *, restarted: bool) -> Chain:
             # it is first in line again: a new version marks the restarted sync
             result = Chain(chain.chain_id, chain.version + 1, result.targets, result.states)
         return result
+    return settle(chain, states)
+
+
+def on_lost_data(chain: Chain, target_id: int) -> Chain:
+    """A serving member lacks data that another serving member holds.
+
+    It waits, so that it leaves the readers' replicas at once and is resynced
+    from the chain like a returning member. A member that is not serving, or
+    the only serving one, is unchanged.
+    """
+    if chain.state_of(target_id) != SERVING or not chain.has(SERVING, besides=target_id):
+        return chain
+    states = chain.state_map()
+    states[target_id] = WAITING
     return settle(chain, states)
 
 

@@ -530,6 +530,25 @@ class ClusterManager:
             self._flush(changes)
             return cluster_pb2.SyncDoneResponse(routing=self.routing())
 
+    def resync_target(self, target_id: int) -> bool:
+        """Take a serving target that lost data out of service, to be resynced from its chain.
+
+        See :func:`chainstate.on_lost_data`. True when the target's state
+        changed (its chain's version bumped); False when it was not serving or
+        no other member of its chain serves. Raises :class:`errors.NotFound`
+        for an unknown target or one in no chain.
+        """
+        with self._lock:
+            info = self._targets.get(target_id)
+            if info is None or not info.chain_id:
+                raise errors.NotFound(f"target {target_id} is in no chain")
+            changes = _Changes()
+            self._set_chain(
+                chainstate.on_lost_data(self._chains[info.chain_id], target_id), changes
+            )
+            self._flush(changes)
+            return bool(changes.targets)
+
     def check_timeouts(self) -> None:
         """Time out the targets of every node silent for longer than the heartbeat timeout.
 

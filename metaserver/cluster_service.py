@@ -1,7 +1,8 @@
 """The gRPC ``ClusterService``: a thin adapter over :class:`ClusterManager` and :class:`GCQueue`.
 
 Each method hands the request to the manager (nodes, heartbeats, routing,
-resync reports) or to the GC queue (``FetchGC``, ``AckGC``) and maps typed
+resync reports), to the GC queue (``FetchGC``, ``AckGC``) or to read repair
+(``ReportLostChunk``) and maps typed
 errors to gRPC status codes (with the ``emberfs-errno`` trailer) through
 :func:`emberfs.common.errors.to_grpc`.
 """
@@ -15,6 +16,7 @@ import grpc
 from emberfs.common import errors
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.gcqueue import GCQueue
+from emberfs.metaserver.repair import ReadRepair
 from emberfs.proto import cluster_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -29,11 +31,15 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         The manager that holds and changes the cluster state.
     gc : GCQueue
         The garbage-collection queue over the same store.
+    repair : ReadRepair, optional
+        Takes readers' reports of replicas without data; without it they
+        are refused (UNIMPLEMENTED).
     """
 
-    def __init__(self, cluster: ClusterManager, gc: GCQueue):
+    def __init__(self, cluster: ClusterManager, gc: GCQueue, repair: ReadRepair | None = None):
         self.cluster = cluster
         self.gc = gc
+        self.repair = repair
 
     def _call(self, method, request, context: grpc.ServicerContext):
         try:
@@ -61,6 +67,11 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
 
     def AckGC(self, request, context):
         return self._call(self.gc.ack, request, context)
+
+    def ReportLostChunk(self, request, context):
+        if self.repair is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this metaserver does no read repair")
+        return self._call(self.repair.report, request, context)
 
 
 def add_to_server(servicer: ClusterServicer, server: grpc.Server) -> None:

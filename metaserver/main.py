@@ -42,6 +42,7 @@ from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import KVEngine, RocksEngine
 from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.repair import ReadRepair, stat_inode_of
 from emberfs.proto import common_pb2
 
 log = logging.getLogger("emberfs.metaserver")
@@ -266,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         gc = GCQueue(cluster)
         namespace = build_namespace(engine, cluster, gc, args)
         meta_service.add_to_server(meta_service.MetaServicer(namespace), grpc_server)
-        servicer = cluster_service.ClusterServicer(cluster, gc)
+        repair = ReadRepair(cluster, stat_inode_of(namespace))
+        servicer = cluster_service.ClusterServicer(cluster, gc, repair)
         cluster_service.add_to_server(servicer, grpc_server)
         cluster_service.add_to_server(servicer, cluster_server)
         host, _ = split_address(args.listen)
@@ -306,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         for target, loop_args, name in (
             (_check_loop, (cluster, stop, interval), "timeouts"),
             (_sweep_loop, (gc, namespace, stop, interval, session_interval), "sweeps"),
+            (repair.run, (stop,), "read-repair"),
         ):
             loop = threading.Thread(target=target, args=loop_args, name=name, daemon=True)
             loop.start()

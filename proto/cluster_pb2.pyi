@@ -136,3 +136,23 @@ class AckGCRequest(_message.Message):
 class AckGCResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ReportLostChunkRequest(_message.Message):
+    __slots__ = ("chain_id", "target_id", "inode", "index", "length")
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    chain_id: int
+    target_id: int
+    inode: int
+    index: int
+    length: int
+    def __init__(self, chain_id: _Optional[int] = ..., target_id: _Optional[int] = ..., inode: _Optional[int] = ..., index: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class ReportLostChunkResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...

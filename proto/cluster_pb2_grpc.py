@@ -64,6 +64,11 @@ class ClusterServiceStub:
                 request_serializer=emberfs_dot_proto_dot_cluster__pb2.AckGCRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_cluster__pb2.AckGCResponse.FromString,
                 _registered_method=True)
+        self.ReportLostChunk = channel.unary_unary(
+                '/emberfs.ClusterService/ReportLostChunk',
+                request_serializer=emberfs_dot_proto_dot_cluster__pb2.ReportLostChunkRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_cluster__pb2.ReportLostChunkResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -105,6 +110,12 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportLostChunk(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.AckGC,
                     request_deserializer=emberfs_dot_proto_dot_cluster__pb2.AckGCRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_cluster__pb2.AckGCResponse.SerializeToString,
+            ),
+            'ReportLostChunk': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportLostChunk,
+                    request_deserializer=emberfs_dot_proto_dot_cluster__pb2.ReportLostChunkRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_cluster__pb2.ReportLostChunkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class ClusterService:
             '/emberfs.ClusterService/AckGC',
             emberfs_dot_proto_dot_cluster__pb2.AckGCRequest.SerializeToString,
             emberfs_dot_proto_dot_cluster__pb2.AckGCResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLostChunk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.ClusterService/ReportLostChunk',
+            emberfs_dot_proto_dot_cluster__pb2.ReportLostChunkRequest.SerializeToString,
+            emberfs_dot_proto_dot_cluster__pb2.ReportLostChunkResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,7 +4,8 @@ Real processes: the shared local cluster. A file's chunks are taken away on
 every replica the ways they can go: the file removed while a reader has it
 open (the chunks are garbage-collected), the file replaced by a rename while
 open, and chunk records gone on every replica (as recovery after a power loss
-drops a record whose file did not reach the disk).
+drops a record whose file did not reach the disk). A chunk gone from one
+replica only is read from another, and the replica is resynced (read repair).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 import grpc
 import pytest
 
-from emberfs.proto import storage_pb2, storage_pb2_grpc
+from emberfs.client.fs import EmberFileSystem
+from emberfs.proto import common_pb2, storage_pb2, storage_pb2_grpc
 
 CHUNK = 1024 * 1024  # the cluster's default layout has larger chunks; the data spans several
 pytestmark = pytest.mark.timeout(120)
@@ -38,13 +40,16 @@ def replicas_of(cluster, inode: int) -> dict[int, list[int]]:
 def remove_everywhere(cluster, inode: int, index: int) -> None:
     """Chunk ``index`` of ``inode`` gone from every replica."""
     for t in cluster.routing().targets:
-        with grpc.insecure_channel(t.grpc_address) as channel:
-            storage_pb2_grpc.StorageServiceStub(channel).RemoveChunks(
-                storage_pb2.RemoveChunksRequest(
-                    target_id=t.target_id, inode=inode, indices=[index]
-                ),
-                timeout=5,
-            )
+        remove_on(t, inode, index)
+
+
+def remove_on(t, inode: int, index: int) -> None:
+    """Chunk ``index`` of ``inode`` gone from target ``t`` (a ``TargetInfo``) alone."""
+    with grpc.insecure_channel(t.grpc_address) as channel:
+        storage_pb2_grpc.StorageServiceStub(channel).RemoveChunks(
+            storage_pb2.RemoveChunksRequest(target_id=t.target_id, inode=inode, indices=[index]),
+            timeout=5,
+        )
 
 
 def wait_collected(cluster, inode: int) -> None:
@@ -112,3 +117,55 @@ def test_a_hole_made_by_growing_a_file_reads_as_zeros(fs, base):
     assert got[:1000] == b"x" * 1000 and got[-100:] == b"y" * 100
     assert got[1000:-100] == bytes(len(got) - 1100)
     assert fs.info(path)["size"] == 3 * CHUNK + 117
+
+
+def chunk_metas(cluster, inode: int, index: int) -> dict[int, tuple]:
+    """target id -> (version, length, checksum, damaged) of the chunk, for targets holding it."""
+    out = {}
+    for t in cluster.routing().targets:
+        with grpc.insecure_channel(t.grpc_address) as channel:
+            stub = storage_pb2_grpc.StorageServiceStub(channel)
+            resp = stub.ListChunks(
+                storage_pb2.ListChunksRequest(target_id=t.target_id, inode=inode), timeout=5
+            )
+        for c in resp.chunks:
+            if c.index == index:
+                out[t.target_id] = (c.version, c.length, c.checksum, c.damaged)
+    return out
+
+
+def test_a_chunk_gone_from_one_replica_is_read_from_another_and_repaired(private_cluster):
+    cluster = private_cluster()  # a replica leaves service for a while
+    fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
+    try:
+        read_repair(cluster, fs)
+    finally:
+        fs.close()
+
+
+def read_repair(cluster, fs) -> None:
+    data = os.urandom(3 * CHUNK)
+    path = "/one-lost.bin"
+    fs.pipe_file(path, data)
+    info = fs.info(path)
+    inode, index = info["ino"], (2 * CHUNK) // info["chunk_size"]
+    before = chunk_metas(cluster, inode, index)
+    assert len(before) == 3 and len(set(before.values())) == 1
+    lost_on = sorted(before)[-1]
+    target = next(t for t in cluster.routing().targets if t.target_id == lost_on)
+    remove_on(target, inode, index)
+    assert lost_on not in chunk_metas(cluster, inode, index)
+
+    deadline = time.monotonic() + 60
+    while True:
+        # reads spread over the serving replicas: every one returns the exact bytes
+        with fs.open(path, "rb", block_size=0) as f:
+            f.seek(2 * CHUNK)
+            assert f.read() == data[2 * CHUNK :]
+        after = chunk_metas(cluster, inode, index)
+        states = {t.target_id: t.state for t in cluster.routing().targets}
+        if after == before and states[lost_on] == common_pb2.SERVING:
+            break  # resynced from its chain, and serving again
+        assert time.monotonic() < deadline, f"not repaired: {after} vs {before}, {states}"
+        time.sleep(0.2)
+    assert fs.cat_file(path) == data

@@ -190,3 +190,15 @@ def test_form_chains_with_one_replica_makes_one_chain_per_target():
 def test_state_names():
     assert cs.state_name(SERVING) == "serving"
     assert cs.state_name(LASTSRV) == "lastsrv"
+
+
+def test_a_serving_target_that_lost_data_waits_and_the_next_waiting_one_syncs():
+    c = cs.on_lost_data(chain((1, SERVING), (2, SERVING), (3, SERVING)), 1)
+    assert members(c) == [(2, SERVING), (3, SERVING), (1, SYNCING)]
+    assert c.version == 6
+
+
+def test_the_last_serving_target_keeps_serving_when_it_lost_data():
+    before = chain((1, SERVING), (2, SYNCING), (3, OFFLINE))
+    assert cs.on_lost_data(before, 1) is before
+    assert cs.on_lost_data(before, 2) is before  # not serving: unchanged
