@@ -56,7 +56,7 @@ def test_chaos_partitions_on_the_compose_cluster(tmp_path):
         "--fault-kinds",
         "partition_all,partition_meta,partition_peers",
         "--faults",
-        "6",
+        "10",
         "--clients",
         "2",
         "--seed",
@@ -81,6 +81,6 @@ def test_chaos_partitions_on_the_compose_cluster(tmp_path):
     summary = json.loads(out.read_text())
     kinds = summary["faults"]["by_kind"]
     assert set(kinds) <= {"partition_all", "partition_meta", "partition_peers"}
-    assert summary["faults"]["total"] >= 6
+    assert summary["faults"]["total"] >= 10
     assert summary["violations"]["by_kind"] == {}, err[-6000:]
     assert proc.returncode == 0

@@ -412,6 +412,68 @@ def test_network_partition_offline_writes_then_resync(compose_cluster: ComposeCl
             )
 
 
+def _iptables(c: ComposeCluster, service: str, *rule: str) -> None:
+    """An iptables rule change inside the network namespace of a service's container."""
+    pid = c.docker("inspect", "-f", "{{.State.Pid}}", c.container(service)).strip()
+    r = subprocess.run(
+        ["nsenter", "-t", pid, "-n", "iptables", "-w", "5", *rule],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, f"iptables {' '.join(rule)}: {r.stderr}"
+
+
+@pytest.mark.skipif(
+    shutil.which("nsenter") is None or shutil.which("iptables") is None or os.geteuid() != 0,
+    reason="cutting one container from another needs nsenter, iptables and root",
+)
+def test_a_replica_cut_from_the_metaserver_alone_serves_no_stale_bytes(
+    compose_cluster: ComposeCluster,
+):
+    """Cut storage3 from the metaserver only: it stops serving before the chains move on.
+
+    A client that still holds the routing from before the cut (every chain lists a
+    storage3 target as serving) reads a file rewritten after the cluster declared
+    storage3 offline: each read returns the new bytes (storage3 is fenced: it refuses,
+    and the client refreshes its routing), never the old bytes storage3 still holds.
+    """
+    c = compose_cluster
+    path = "/fence/f.bin"
+    old, new = os.urandom(3 * MiB), os.urandom(3 * MiB)
+    stale, fresh = c.fs(), c.fs()
+    meta_ip = f"{c.net_prefix}.10"
+    rules = [["INPUT", "-s", meta_ip, "-j", "DROP"], ["OUTPUT", "-d", meta_ip, "-j", "DROP"]]
+    cut = []
+    try:
+        fresh.pipe_file(path, old)
+        assert stale.cat_file(path) == old  # its routing: storage3 serving in every chain
+        for rule in rules:
+            _iptables(c, "storage3", "-I", *rule)
+            cut.append(rule)
+        _wait_until(
+            lambda: all(t["state"] == "offline" for t in c.node_targets("storage3")),
+            30,
+            "storage3's targets to go offline",
+        )
+        fresh.pipe_file(path, new)  # the chains without storage3 take the rewrite
+        for i in range(12):  # reads spread over the replicas the stale routing names
+            with stale.open(path, "rb", block_size=0) as f:
+                got = f.read()
+            assert got == new, f"read {i} returned {'the old bytes' if got == old else 'bad bytes'}"
+    finally:
+        for rule in cut:
+            _iptables(c, "storage3", "-D", *rule)
+        stale.close()
+        fresh.close()
+    c.wait_serving(180)
+    check = c.fs()
+    try:
+        assert check.cat_file(path) == new
+    finally:
+        check.close()
+
+
 def test_metaserver_restart_keeps_namespace_and_clients(compose_cluster: ComposeCluster):
     c = compose_cluster
     fs = c.fs()
