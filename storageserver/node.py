@@ -501,6 +501,7 @@ class Node:
         # A target still being resynced collects once it serves: a copy of a chunk its source
         # had not collected yet could otherwise arrive after the target collected the inode.
         serving = {t: store for t, store in stores.items() if view.state(t) == SERVING}
+        lane = self._lane
         try:
             run_gc_once(
                 self._node_calls(),
@@ -510,8 +511,12 @@ class Node:
             )
         except grpc.RpcError as exc:
             log.info("garbage collection round failed: %s", exc.details())
-        except Exception:
-            log.exception("garbage collection round failed")
+        except Exception as exc:
+            if isinstance(exc, ValueError) and self._lane is not lane:
+                # the cluster address moved (a metaserver restart): its channel closed mid-round
+                log.info("garbage collection round cut short: %s", exc)
+            else:
+                log.exception("garbage collection round failed")
         now = time.monotonic()
         for task in rp.sync_tasks(view, stores):
             running = self._syncs.get(task.chain_id)

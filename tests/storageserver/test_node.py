@@ -420,3 +420,33 @@ def test_a_target_being_resynced_collects_garbage_only_once_it_serves(
     assert node.set_routing(routing)
     node.background_once()
     assert collected[-1] == [syncing, serving]
+
+
+def test_a_gc_round_cut_short_by_a_moved_cluster_address_is_no_error(
+    meta, nodes, tmp_path, monkeypatch, caplog
+):
+    # A metaserver restart moves its cluster address: the node closes the old channel, and a
+    # GC round still using it fails with "closed channel"; the next round uses the new one.
+    from emberfs.storageserver import node as node_module
+
+    node = make_node(meta.address, tmp_path / "a", nodes, targets=1, background_interval=3600)
+    assert node.start()
+    meta.wait_for(all_serving(1))
+
+    def moved_mid_round(stub, stores, chains, **kw):
+        node._set_cluster_address(f"127.0.0.1:{free_port()}")
+        raise ValueError("Cannot invoke RPC on closed channel!")
+
+    monkeypatch.setattr(node_module, "run_gc_once", moved_mid_round)
+    with caplog.at_level("INFO", logger="emberfs.storageserver.node"):
+        node.background_once()
+    cut = [r for r in caplog.records if "garbage collection" in r.getMessage()]
+    assert [r.levelname for r in cut] == ["INFO"]
+
+    def broken(stub, stores, chains, **kw):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(node_module, "run_gc_once", broken)
+    caplog.clear()
+    node.background_once()  # a ValueError of its own is still a logged error
+    assert [r.levelname for r in caplog.records if "garbage" in r.getMessage()] == ["ERROR"]
