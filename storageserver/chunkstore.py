@@ -491,6 +491,22 @@ class ChunkStore:
 
         return self._new_version(inode, index, version, view, switch)
 
+    def mark_damaged(self, inode: int, index: int, version: int) -> bool:
+        """Mark the committed ``version`` damaged (its file failed a check); whether it was marked.
+
+        As after a crash that lost the file: reads answer NOT_FOUND, and only a
+        whole copy (a resync) makes it whole again. A chunk at another version
+        by now is left alone.
+        """
+        check_chunk(inode, index)
+        with self._lock:
+            rec = self._records.get(inode, index)
+            if rec is None or rec.c_version != version or rec.damaged:
+                return False
+            rec.damaged = True
+            self._records.put(inode, index, rec)
+            return True
+
     def remove(self, inode: int, index: int, version: int | None = None) -> bool:
         """Remove a chunk (every version); returns whether it was removed.
 

@@ -76,6 +76,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="bytes of each target's file system that chunk writes leave free; a write "
         "that would leave less is refused with NO_SPACE (default 64MiB)",
     )
+    p.add_argument(
+        "--scrub-rate",
+        type=float,
+        default=32.0,
+        help="MB a second the scrubber reads to check committed chunks against their block "
+        "CRC32Cs (default 32; 0: no scrubber)",
+    )
+    p.add_argument(
+        "--scrub-interval",
+        type=float,
+        default=86400.0,
+        help="seconds from the start of one scrub pass to the next (default 86400)",
+    )
+    p.add_argument(
+        "--scrub-delay",
+        type=float,
+        default=60.0,
+        help="seconds from the start to the first scrub pass (default 60)",
+    )
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
     for opt in ("meta", "listen", "grpc_listen", "advertise", "metrics_listen"):
@@ -92,6 +111,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--heartbeat-interval must be positive")
     if not args.forward_timeout > 0:
         p.error("--forward-timeout must be positive")
+    if not args.scrub_rate >= 0:
+        p.error("--scrub-rate must not be negative")
+    if not args.scrub_interval > 0:
+        p.error("--scrub-interval must be positive")
+    if not args.scrub_delay >= 0:
+        p.error("--scrub-delay must not be negative")
     return args
 
 
@@ -115,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         direct_io=not args.buffered_io,
         spare_bytes=args.spare_bytes,
         reserve_bytes=args.reserve_bytes,
+        scrub_rate=args.scrub_rate * 1e6,
+        scrub_interval=args.scrub_interval,
+        scrub_delay=args.scrub_delay,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.request_stop())

@@ -80,6 +80,18 @@ CHECKSUM_ERRORS = Counter(
     ["target"],
     registry=REGISTRY,
 )
+SCRUB_BYTES = Counter(
+    "emberfs_storage_scrub_bytes",
+    "Committed chunk bytes the scrubber read and checked against their block CRC32Cs, by target.",
+    ["target"],
+    registry=REGISTRY,
+)
+SCRUB_DAMAGED = Counter(
+    "emberfs_storage_scrub_damaged",
+    "Chunks the scrubber found damaged (a block CRC32C mismatch, an unreadable file), by target.",
+    ["target"],
+    registry=REGISTRY,
+)
 RESYNC_CHUNKS = Counter(
     "emberfs_storage_resync_chunks",
     "Chunks a resync copied to or removed from a syncing successor, by chain.",

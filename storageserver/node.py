@@ -44,6 +44,7 @@ from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES, ChunkStore
 from emberfs.storageserver.dataserver import DataServer
 from emberfs.storageserver.gc import run_gc_once
 from emberfs.storageserver.resync import sync_successor
+from emberfs.storageserver.scrub import Scrubber
 from emberfs.storageserver.service import StorageServicer, add_to_server
 from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES
 
@@ -126,6 +127,13 @@ class Node:
         Bytes of each target's file system that chunk writes leave free.
     background_interval : float, default 1.0
         Seconds between garbage-collection / resync rounds.
+    scrub_rate : float, default 0.0
+        Bytes a second the scrubber reads to check committed chunks against
+        their block CRC32Cs (:mod:`emberfs.storageserver.scrub`); 0: no scrubber.
+    scrub_interval : float, default 86400.0
+        Seconds from the start of one scrub pass to the start of the next.
+    scrub_delay : float, default 60.0
+        Seconds from the node's start to its first scrub pass.
     """
 
     def __init__(
@@ -145,6 +153,9 @@ class Node:
         spare_bytes: int = DEFAULT_SPARE_BYTES,
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         background_interval: float = 1.0,
+        scrub_rate: float = 0.0,
+        scrub_interval: float = 86400.0,
+        scrub_delay: float = 60.0,
     ):
         if not 1 <= targets <= MAX_TARGETS:
             raise ValueError(f"targets must be between 1 and {MAX_TARGETS}")
@@ -178,6 +189,12 @@ class Node:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.scrubber = (
+            Scrubber(lambda: dict(self._stores), scrub_rate, self._report_damaged, self._stop)
+            if scrub_rate > 0
+            else None
+        )
+        self._scrub_timing = (scrub_interval, scrub_delay)
         self._syncs: dict[int, threading.Thread] = {}
         self._sync_retry_at: dict[int, float] = {}
         self._channel: grpc.Channel | None = None
@@ -327,8 +344,11 @@ class Node:
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
         if not self._register_until_done():
             return False
-        for name, target in (("heartbeat", self._heartbeat_loop), ("background", self._bg_loop)):
-            t = threading.Thread(target=target, name=name, daemon=True)
+        loops = [("heartbeat", self._heartbeat_loop, ()), ("background", self._bg_loop, ())]
+        if self.scrubber is not None:
+            loops.append(("scrub", self.scrubber.run, self._scrub_timing))
+        for name, target, args in loops:
+            t = threading.Thread(target=target, args=args, name=name, daemon=True)
             t.start()
             self._threads.append(t)
         return True
@@ -494,6 +514,20 @@ class Node:
 
     # ------------------------------------------------------------------ background work
 
+    def _report_damaged(self, target_id: int, meta) -> None:
+        """Tell the metaserver that a local chunk is damaged, so the target gets resynced."""
+        req = cluster_pb2.ReportLostChunkRequest(
+            chain_id=self._view.chain_of(target_id),
+            target_id=target_id,
+            inode=meta.inode,
+            index=meta.index,
+            length=meta.length,
+        )
+        try:
+            self._node_calls().ReportLostChunk(req, timeout=RPC_TIMEOUT)
+        except grpc.RpcError as exc:  # readers report it again when they meet it
+            log.warning("could not report damaged chunk %d:%d: %s", meta.inode, meta.index, exc)
+
     def background_once(self) -> None:
         """One round of garbage collection and resync scheduling."""
         view = self._view
@@ -554,6 +588,7 @@ class Node:
                 successor_grpc_address=task.successor.grpc_address,
                 should_stop=should_stop,
                 hold=lambda inode, index: replica.chunk(task.target_id, inode, index),
+                on_damaged=lambda meta: self._report_damaged(task.target_id, meta),
             )
             resp = self._node_calls().SyncDone(
                 cluster_pb2.SyncDoneRequest(

@@ -135,6 +135,7 @@ def sync_successor(
     successor_grpc_address: str,
     hold: Callable[[int, int], AbstractContextManager],
     should_stop: Callable[[], bool] = lambda: False,
+    on_damaged: Callable[[ChunkMeta], None] = lambda meta: None,
 ) -> dict:
     """Copy what the successor lacks and remove what it should no longer have.
 
@@ -163,6 +164,10 @@ def sync_successor(
     hold : callable
         ``hold(inode, index)``: a context manager holding the local chunk (the
         data server's :meth:`~emberfs.storageserver.replica.Replica.chunk`).
+    on_damaged : callable, optional
+        ``on_damaged(meta)`` when a local chunk fails its block CRC32Cs: it is
+        marked damaged (never sent) and the sync raises ``framing.ChecksumError``;
+        the next one passes it over.
 
     Returns
     -------
@@ -220,14 +225,19 @@ def sync_successor(
                 if action == rp.Resync.REMOVE:
                     pending_removal.append((inode, index, theirs.version))
                 elif action != rp.Resync.KEEP:
-                    sent = _copy(
-                        pool,
-                        successor_data_address,
-                        store,
-                        mine,
-                        replace=action == rp.Resync.REPLACE,
-                        **kw,
-                    )
+                    try:
+                        sent = _copy(
+                            pool,
+                            successor_data_address,
+                            store,
+                            mine,
+                            replace=action == rp.Resync.REPLACE,
+                            **kw,
+                        )
+                    except framing.ChecksumError:
+                        if store.mark_damaged(inode, index, mine.version):
+                            on_damaged(mine)
+                        raise
                     if sent is not None:
                         counts["copied"] += 1
                         counts["bytes"] += sent

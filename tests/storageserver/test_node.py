@@ -317,6 +317,10 @@ def test_restarted_node_is_resynced_and_serves_again(meta, nodes, tmp_path):
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--forward-timeout", "soon"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "lots"],
         ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "-1"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-rate", "-1"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-rate", "nan"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-interval", "0"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-delay", "-5"],
     ],
 )
 def test_command_line_rejects_bad_arguments(argv, tmp_path, capsys):

@@ -229,9 +229,14 @@ def test_damaged_local_chunk_is_not_spread(pair):
     raw[9000] ^= 1
     path.write_bytes(raw)
     target = start()
+    reported = []
     with pytest.raises(framing.ChecksumError):
-        run(pred, grpc_address, target)
+        run(pred, grpc_address, target, on_damaged=lambda m: reported.append((m.inode, m.index)))
     assert succ.meta(5, 0) is None and target.requests == []
+    # marked damaged and reported, so the chain repairs it; the next sync passes it over
+    assert pred.meta(5, 0).damaged and reported == [(5, 0)]
+    run(pred, grpc_address, target)
+    assert succ.meta(5, 0) is None and reported == [(5, 0)]
 
 
 @pytest.mark.timeout(60)

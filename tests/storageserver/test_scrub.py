@@ -1,0 +1,117 @@
+"""The scrubber finds chunk files that rotted on disk and has their replica resynced.
+
+Real processes for the repair (a local cluster whose storage servers scrub
+every second); a chunk store in the test process for what one pass marks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from emberfs.client.fs import EmberFileSystem
+from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.scrub import Scrubber
+from tests.client.test_lost_data import chunk_metas
+
+MiB = 1024 * 1024
+pytestmark = pytest.mark.timeout(180)
+
+
+def chunk_file(root, inode: int, index: int):
+    """The committed file of a chunk under a storage server's (or store's) directory."""
+    found = [
+        p
+        for p in root.rglob(f"{inode:016x}/{index:08x}.*")
+        if "spare" not in p.parts and p.is_file()
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def flip(path, offsets) -> None:
+    with open(path, "r+b") as f:
+        for off in offsets:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_one_pass_marks_a_rotten_chunk_damaged_and_reports_it(tmp_path):
+    store = ChunkStore(tmp_path / "t", direct_io=False)
+    try:
+        good, bad = os.urandom(300_000), os.urandom(200_000)
+        store.install(7, 0, 3, good)
+        store.install(7, 1, 4, bad)
+        flip(chunk_file(tmp_path / "t", 7, 1), [5, 150_000])
+        reported = []
+        scrubber = Scrubber(
+            lambda: {1: store},
+            1e9,
+            lambda t, m: reported.append((t, m.inode, m.index)),
+            threading.Event(),
+        )
+        stats = scrubber.scrub_pass()
+        assert (stats.chunks, stats.damaged, stats.bytes) == (2, 1, 500_000)
+        assert reported == [(1, 7, 1)]
+        assert store.meta(7, 1).damaged and not store.meta(7, 0).damaged
+        assert scrubber.scrub_pass().chunks == 1  # a damaged chunk waits for its resync
+        assert store.install(7, 1, 4, bad)  # the resync's whole copy makes it whole again
+        assert not store.meta(7, 1).damaged
+    finally:
+        store.close()
+
+
+def test_rotten_replicas_are_found_and_resynced_while_reads_stay_exact(private_cluster):
+    cluster = private_cluster(
+        extra_storage_args=["--scrub-rate", "200", "--scrub-interval", "1", "--scrub-delay", "0"]
+    )
+    fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
+    try:
+        data = os.urandom(3 * MiB)
+        fs.pipe_file("/rot.bin", data)
+        inode = fs.info("/rot.bin")["ino"]
+        before = chunk_metas(cluster, inode, 0)
+        assert len(before) == 3
+        rotten = []
+        for i in range(2):  # two of the three replicas
+            path = chunk_file(cluster.data_dir / f"storage-{i}", inode, 0)
+            size = path.stat().st_size
+            flip(path, [17, size // 2, size - 1])
+            rotten.append(i)
+        assert fs.cat_file("/rot.bin") == data  # the healthy replica serves
+
+        def whole(i: int) -> bool:
+            try:
+                got = chunk_file(cluster.data_dir / f"storage-{i}", inode, 0).read_bytes()
+            except (AssertionError, FileNotFoundError):  # between the resync's two files
+                return False
+            return got == data[: len(got)]
+
+        deadline = time.monotonic() + 120
+        while True:
+            after = chunk_metas(cluster, inode, 0)
+            states = {t.target_id: t.state for t in cluster.routing().targets}
+            if all(whole(i) for i in rotten) and after == before and set(states.values()) == {1}:
+                break  # rewritten by a resync from the healthy replica, every target serving
+            assert time.monotonic() < deadline, f"not repaired: {after} vs {before}, {states}"
+            assert fs.cat_file("/rot.bin") == data
+            time.sleep(0.3)
+        assert fs.cat_file("/rot.bin") == data
+        for i in rotten:  # the scrubber of each rotten replica counted it
+            port = cluster.storage_ports[i] + 2
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            damaged = [
+                line
+                for line in text.splitlines()
+                if line.startswith("emberfs_storage_scrub_damaged_total")
+            ]
+            assert damaged and sum(float(line.split()[-1]) for line in damaged) >= 1
+    finally:
+        fs.close()
