@@ -200,6 +200,7 @@ class Node:
         self._channel: grpc.Channel | None = None
         self._cluster: cluster_pb2_grpc.ClusterServiceStub | None = None
         self._lane: _Lane | None = None  # the metaserver's cluster address
+        self._retired: _Lane | None = None  # the one before, closed at the next change
         self._data: DataServer | None = None
         self._grpc: grpc.Server | None = None
 
@@ -364,6 +365,9 @@ class Node:
         for t in self._threads + list(self._syncs.values()):
             t.join(timeout=10)
         self._set_cluster_address("")
+        if self._retired is not None:
+            self._retired.channel.close()
+            self._retired = None
         if self._channel is not None:
             self._channel.close()
         deadline = time.monotonic() + 5
@@ -440,7 +444,11 @@ class Node:
             self._lane = _Lane(address, channel, stub, grpc.channel_ready_future(channel))
         if lane is not None:
             lane.connected.cancel()
-            lane.channel.close()
+            # calls may still run on its channel (a GC round, a report): it closes at the next
+            # change or when the node stops, not under them
+            retired, self._retired = self._retired, lane
+            if retired is not None:
+                retired.channel.close()
 
     def _node_calls(self) -> cluster_pb2_grpc.ClusterServiceStub:
         """Where node calls go: the cluster address once connected, else ``meta_address``."""
