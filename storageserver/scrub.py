@@ -38,8 +38,6 @@ class PassStats:
     chunks: int = 0
     bytes: int = 0
     damaged: int = 0
-    started: float = 0.0  # wall clock
-    finished: float = 0.0
 
 
 class Scrubber:
@@ -70,7 +68,6 @@ class Scrubber:
         self.rate = rate
         self.on_damaged = on_damaged
         self.stop = stop
-        self.last: PassStats | None = None  # the last finished pass
 
     def run(self, interval: float, delay: float) -> None:
         """Run a pass every ``interval`` seconds, the first after ``delay``, until stopped."""
@@ -84,7 +81,7 @@ class Scrubber:
 
     def scrub_pass(self) -> PassStats:
         """One pass over every committed chunk of every target; its figures."""
-        stats = PassStats(started=time.time())
+        stats = PassStats()
         budget_start = time.monotonic()
         for target_id, store in sorted(self.stores().items()):
             after = None
@@ -102,8 +99,6 @@ class Scrubber:
                 if len(page) < PAGE:
                     break
                 after = (page[-1].inode, page[-1].index)
-        stats.finished = time.time()
-        self.last = stats
         log.info(
             "scrub pass: %d chunks, %d bytes verified, %d damaged",
             stats.chunks,

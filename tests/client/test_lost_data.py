@@ -24,8 +24,8 @@ CHUNK = 1024 * 1024  # the cluster's default layout has larger chunks; the data 
 pytestmark = pytest.mark.timeout(120)
 
 
-def replicas_of(cluster, inode: int) -> dict[int, list[int]]:
-    """target id -> the chunk indexes of ``inode`` it holds."""
+def listed(cluster, inode: int) -> dict[int, list]:
+    """target id -> the ``ChunkMeta`` of every chunk of ``inode`` it lists."""
     out = {}
     for t in cluster.routing().targets:
         with grpc.insecure_channel(t.grpc_address) as channel:
@@ -33,8 +33,13 @@ def replicas_of(cluster, inode: int) -> dict[int, list[int]]:
             resp = stub.ListChunks(
                 storage_pb2.ListChunksRequest(target_id=t.target_id, inode=inode), timeout=5
             )
-            out[t.target_id] = [c.index for c in resp.chunks]
+        out[t.target_id] = list(resp.chunks)
     return out
+
+
+def replicas_of(cluster, inode: int) -> dict[int, list[int]]:
+    """target id -> the chunk indexes of ``inode`` it holds."""
+    return {tid: [c.index for c in chunks] for tid, chunks in listed(cluster, inode).items()}
 
 
 def remove_everywhere(cluster, inode: int, index: int) -> None:
@@ -121,17 +126,12 @@ def test_a_hole_made_by_growing_a_file_reads_as_zeros(fs, base):
 
 def chunk_metas(cluster, inode: int, index: int) -> dict[int, tuple]:
     """target id -> (version, length, checksum, damaged) of the chunk, for targets holding it."""
-    out = {}
-    for t in cluster.routing().targets:
-        with grpc.insecure_channel(t.grpc_address) as channel:
-            stub = storage_pb2_grpc.StorageServiceStub(channel)
-            resp = stub.ListChunks(
-                storage_pb2.ListChunksRequest(target_id=t.target_id, inode=inode), timeout=5
-            )
-        for c in resp.chunks:
-            if c.index == index:
-                out[t.target_id] = (c.version, c.length, c.checksum, c.damaged)
-    return out
+    return {
+        tid: (c.version, c.length, c.checksum, c.damaged)
+        for tid, chunks in listed(cluster, inode).items()
+        for c in chunks
+        if c.index == index
+    }
 
 
 def test_a_chunk_gone_from_one_replica_is_read_from_another_and_repaired(private_cluster):
