@@ -4,24 +4,24 @@ Truncation is not queued like GC: it runs through each of the file's chains
 at once, because a queued cut could land after new writes to the same
 chunks. The metaserver sends one ``ChunkTruncateRequest`` per chain to the
 chain's head (its first serving target) over the framed data protocol; the
-head applies it and forwards it down the chain like a write.
+head applies it and forwards it down the chain like a write. Every try of
+one cut carries the same request id (:mod:`emberfs.metaserver.cuts` keeps it
+until the cut is done), so a head that already applied it answers from memory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import secrets
 import time
 
 from emberfs.common import errors, framing, wire
 from emberfs.common.framing import Op
 from emberfs.common.routing import RoutingView
+from emberfs.metaserver import cuts
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.proto import common_pb2, data_pb2
 
 CLIENT_ID = "metaserver"
-_request_ids = itertools.count(secrets.randbits(62))
 
 
 class _Retry(Exception):
@@ -63,6 +63,7 @@ def truncate_chunks(
     cluster: ClusterManager,
     attr: common_pb2.InodeAttr,
     length: int,
+    request_id: int | None = None,
     *,
     pool: wire.ConnectionPool | None = None,
     timeout: float = 10.0,
@@ -83,6 +84,9 @@ def truncate_chunks(
         The file (its inode id and layout).
     length : int
         The new length in bytes.
+    request_id : int, optional
+        The cut's request id, the same for every try of one cut (the
+        heads answer a repeated one from memory); default a fresh one.
     pool : wire.ConnectionPool, optional
         Connections to the storage servers (kept between calls by the
         metaserver); without it the call opens its own.
@@ -102,9 +106,11 @@ def truncate_chunks(
         raise errors.InvalidArgument(f"negative length {length}")
     if pool is None:
         with contextlib.closing(wire.ConnectionPool(max_per_address=None)) as own:
-            truncate_chunks(cluster, attr, length, pool=own, timeout=timeout)
+            truncate_chunks(cluster, attr, length, request_id, pool=own, timeout=timeout)
         return
     layout = attr.layout
+    if request_id is None:
+        request_id = cuts.new_request_id()
     deadline = time.monotonic() + timeout
     for position, chain_id in enumerate(layout.chains):
         request = data_pb2.ChunkTruncateRequest(
@@ -115,7 +121,7 @@ def truncate_chunks(
             stripe=len(layout.chains),
             stripe_position=position,
             client_id=CLIENT_ID,
-            request_id=next(_request_ids),
+            request_id=request_id,
         )
         delay = 0.02
         while True:

@@ -18,6 +18,8 @@ DENTRY = b"DENT"  # DENT + parent id (u64 BE) + name    -> DirEntry record
 SESSION = b"SESS"  # SESS + inode id (u64 BE) + session id (u64 BE) -> Session record
 #                   SESS + inode id (u64 BE)             -> session guard (session_guard_key)
 IDEMPOTENT = b"IDEM"  # IDEM + client id + 0x00 + request id (u64 BE) -> cached result
+# chunk cuts of shrinking truncations that storage may not hold yet
+CUT = b"CUTS"  # CUTS + inode id (u64 BE)             -> PendingCut record
 # garbage collection of removed files' chunks
 GC = b"GCQU"  # GCQU + gc id (u64 BE)                -> GCItem (cluster.proto), gc id = inode id
 GC_ACK = b"GCAK"  # GCAK + gc id (u64 BE) + target id (u32 BE) -> b"" (target dropped the chunks)
@@ -28,7 +30,7 @@ CHAIN = b"CHAN"  # CHAN + chain id (u32 BE)           -> chain record
 # counters and settings
 CONFIG = b"CONF"  # CONF + name                       -> value
 
-ALL_PREFIXES = (INODE, DENTRY, SESSION, IDEMPOTENT, GC, GC_ACK, NODE, TARGET, CHAIN, CONFIG)
+ALL_PREFIXES = (INODE, DENTRY, SESSION, IDEMPOTENT, CUT, GC, GC_ACK, NODE, TARGET, CHAIN, CONFIG)
 
 # names of the CONF keys
 NEXT_INODE = "next_inode"  # namespace id counters (u64 LE), reserved in blocks
@@ -107,6 +109,15 @@ def idempotent_key(client_id: str, request_id: int) -> bytes:
 def idempotent_request_id(key: bytes) -> int:
     """The request id of a stored result's key (client ids hold no NUL)."""
     return _U64_BE.unpack(key[-8:])[0]
+
+
+def cut_key(inode: int) -> bytes:
+    return CUT + _U64_BE.pack(inode)
+
+
+def cut_inode(key: bytes) -> int:
+    """The inode id of a pending cut's key."""
+    return _U64_BE.unpack(key[len(CUT) :])[0]
 
 
 def gc_key(gc_id: int) -> bytes:

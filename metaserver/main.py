@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             (_check_loop, (cluster, stop, interval), "timeouts"),
             (_sweep_loop, (gc, namespace, stop, interval, session_interval), "sweeps"),
             (repair.run, (stop,), "read-repair"),
+            *([(namespace.cuts.run, (stop,), "chunk-cuts")] if namespace.cuts else []),
         ):
             loop = threading.Thread(target=target, args=loop_args, name=name, daemon=True)
             loop.start()

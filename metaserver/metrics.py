@@ -221,6 +221,11 @@ class ClusterCollector(Collector):
             yield GaugeMetricFamily(
                 "emberfs_write_sessions", "Open write sessions.", value=counts["sessions"]
             )
+            yield GaugeMetricFamily(
+                "emberfs_pending_chunk_cuts",
+                "Files whose shrinking truncation storage may not have cut yet.",
+                value=counts["pending_cuts"],
+            )
 
 
 class _Forward(Collector):

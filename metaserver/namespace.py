@@ -33,7 +33,7 @@ from google.protobuf.message import Message
 
 from emberfs.common import layout as layouts
 from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
-from emberfs.metaserver import dirlayout, idempotency, keys, records
+from emberfs.metaserver import cuts, dirlayout, idempotency, keys, records
 from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
 from emberfs.metaserver.leases import Leases
@@ -56,6 +56,7 @@ from emberfs.proto import common_pb2, meta_pb2
 
 ROOT_MODE = 0o777
 DEFAULT_SESSION_TIMEOUT = 300.0
+MAX_CUT_WAITS = 4  # runs of one operation that may each find a new chunk cut pending
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,10 @@ class Namespace:
         Returns the ids of the chains new files may use (empty while no
         chain exists; creating a file then fails with Unavailable).
     truncate_chunks : callable, optional
-        ``truncate_chunks(attr, new_length)`` cuts a file's chunks on storage
-        and raises Unavailable on failure; called before a shrinking
-        truncate or an OPEN_TRUNCATE of a non-empty file commits. None (the
+        ``truncate_chunks(attr, new_length, request_id)`` cuts a file's
+        chunks on storage and raises Unavailable on failure; called once a
+        shrinking truncate or an OPEN_TRUNCATE of a non-empty file has
+        committed, and for every retry of the cut (:mod:`.cuts`). None (the
         default) skips the storage side, for a namespace without storage.
     usage : callable, optional
         Returns ``(capacity, used)`` bytes of storage, for StatFs. Default ``(0, 0)``.
@@ -109,7 +111,7 @@ class Namespace:
         engine: KVEngine,
         *,
         chain_table: Callable[[], list[int]],
-        truncate_chunks: Callable[[common_pb2.InodeAttr, int], None] | None = None,
+        truncate_chunks: cuts.TruncateChunks | None = None,
         usage: Callable[[], tuple[int, int]] = lambda: (0, 0),
         default_layout: common_pb2.Layout | None = None,
         clock: Callable[[], int] = time.time_ns,
@@ -142,6 +144,7 @@ class Namespace:
             session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
             leases=self._leases,
         )
+        self._cuts = None if truncate_chunks is None else cuts.PendingCuts(engine, truncate_chunks)
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
         self._hints = idempotency.PruneHints()
@@ -184,9 +187,22 @@ class Namespace:
         ctx = req.ctx
         dedup = method is not None and bool(ctx.client_id) and ctx.request_id != 0
         if not dedup:
-            return self._run_once(fn, req, None, sync=sync)
+            return self._run_cutting(fn, req, None, sync=sync)
         with self._inflight.running((ctx.client_id, ctx.request_id)):
-            return self._run_once(fn, req, method, sync=sync)
+            return self._run_cutting(fn, req, method, sync=sync)
+
+    def _run_cutting(self, fn: Op, req: Any, method: str | None, *, sync: bool) -> Message:
+        """:meth:`_run_once`, first finishing the chunk cut a file's growth waits for."""
+        for _ in range(MAX_CUT_WAITS):
+            try:
+                return self._run_once(fn, req, method, sync=sync)
+            except cuts.CutPending as pending:
+                self._finish_cut(pending.inode)
+        raise Unavailable("a file's chunk cut keeps being replaced; retry")
+
+    def _finish_cut(self, inode: int) -> None:
+        if self._cuts is not None:
+            self._cuts.finish(inode)
 
     def _run_once(self, fn: Op, req: Any, method: str | None, *, sync: bool) -> Message:
         ctx = req.ctx
@@ -226,6 +242,15 @@ class Namespace:
             self.engine.sync()
         if last:
             self._count(last[0])
+        # Answer a truncation once storage holds its cut (a retry's too, whose
+        # first attempt may have stopped waiting for it).
+        if replayed[0]:
+            attr = getattr(response, "attr", None)
+            if attr is not None and attr.type == common_pb2.FILE:
+                self._finish_cut(attr.inode)
+        elif last:
+            for inode in last[0].cuts:
+                self._finish_cut(inode)
         return response
 
     def _run_each(
@@ -500,8 +525,14 @@ class Namespace:
 
     # state for StatFs and the admin API -------------------------------------
 
+    @property
+    def cuts(self) -> cuts.PendingCuts | None:
+        """The pending chunk cuts (None without storage)."""
+        return self._cuts
+
     def counts(self) -> dict[str, int]:
-        """Inode counts: ``inodes``, ``files``, ``directories``, ``symlinks``, ``sessions``."""
+        """Inode counts (``inodes``, ``files``, ``directories``, ``symlinks``), open write
+        ``sessions``, and ``pending_cuts`` (files whose chunk cut storage may not hold yet)."""
         with self._counts_lock:
             by_type = dict(self._by_type)
         return {
@@ -512,6 +543,7 @@ class Namespace:
             "sessions": sum(
                 1 for key, _ in self.engine.scan_prefix(keys.SESSION) if keys.is_session_key(key)
             ),
+            "pending_cuts": sum(1 for _ in self.engine.scan_prefix(keys.CUT)),
         }
 
     def sessions(self) -> list[dict[str, Any]]:

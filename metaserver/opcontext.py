@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emberfs.common.errors import Internal, InvalidArgument
-from emberfs.metaserver import gcqueue, keys, records
+from emberfs.metaserver import cuts, gcqueue, keys, records
 from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
 from emberfs.metaserver.leases import Leases
 from emberfs.proto import common_pb2
@@ -91,7 +91,7 @@ class NamespaceEnv:
 
     clock: Callable[[], int]
     chain_table: Callable[[], list[int]]
-    truncate_chunks: Callable[[common_pb2.InodeAttr, int], None] | None
+    truncate_chunks: Callable[[common_pb2.InodeAttr, int, int], None] | None
     default_layout: common_pb2.Layout
     inode_ids: IdAllocator
     seeds: IdAllocator
@@ -110,6 +110,7 @@ class OpContext:
     client_id: str = ""
     delta: dict[int, int] = field(default_factory=dict)  # FileType -> inodes added
     gc_queued: list[int] = field(default_factory=list)  # ids of the GC items queued
+    cuts: list[int] = field(default_factory=list)  # inodes whose chunk cut was recorded
 
     # inodes -------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class OpContext:
             self.txn.delete(keys.dir_guard_key(attr.inode))
         elif attr.type == common_pb2.FILE:
             self.txn.delete(keys.session_guard_key(attr.inode))
+            cuts.delete(self.txn, attr.inode)  # the GC queue takes all its chunks
 
     # directory entries ----------------------------------------------------
 
@@ -202,6 +204,21 @@ class OpContext:
     def end_session(self, inode: int, session_id: int) -> None:
         self.txn.delete(keys.session_key(inode, session_id))
         self.txn.put(keys.session_guard_key(inode), records.new_guard_value())
+
+    # chunk cuts -----------------------------------------------------------
+
+    def cut_chunks(self, attr: common_pb2.InodeAttr, length: int) -> None:
+        """Record that ``attr``'s chunks are to be cut to ``length`` (see :mod:`.cuts`).
+
+        The namespace has storage cut them once the operation has committed.
+        """
+        if self.env.truncate_chunks is not None:
+            cuts.put(self.txn, attr.inode, length)
+            self.cuts.append(attr.inode)
+
+    def before_growth(self, inode: int) -> None:
+        """Raise :class:`~.cuts.CutPending` while ``inode``'s chunks wait for a cut."""
+        cuts.require_none(self.txn, inode)
 
     # garbage collection ---------------------------------------------------
 

@@ -15,6 +15,8 @@ Keys come from :mod:`emberfs.metaserver.keys`; this module fixes the values:
 - ``SESS`` + inode id alone: the file's *session guard*.
 - ``IDEM`` + client id + request id: :data:`IDEMPOTENT_FORMAT` (stored-at
   time, method name length) + method name + serialized response.
+- ``CUTS`` + inode id: :data:`CUT_FORMAT`, a shrinking truncation's length and
+  the request id its chunk cut is sent with (see :mod:`emberfs.metaserver.cuts`).
 - ``CONF`` + counter name: a little-endian u64 (:func:`encode_counter`).
 
 Guards make range checks safe under optimistic transactions, which track
@@ -39,6 +41,7 @@ from emberfs.proto import common_pb2
 DENTRY_FORMAT = struct.Struct("<QB")
 SESSION_FORMAT = struct.Struct("<qq")
 IDEMPOTENT_FORMAT = struct.Struct("<qB")
+CUT_FORMAT = struct.Struct("<QQ")
 _U64_LE = struct.Struct("<Q")
 
 ROOT_INODE = 1
@@ -130,6 +133,22 @@ def decode_idempotent(raw: bytes) -> IdempotentRecord:
     start = IDEMPOTENT_FORMAT.size
     method = raw[start : start + n].decode()
     return IdempotentRecord(method, stored_ns, raw[start + n :])
+
+
+@dataclass(frozen=True)
+class PendingCut:
+    """A file's chunk cut that storage may not hold yet."""
+
+    length: int
+    request_id: int
+
+
+def encode_cut(cut: PendingCut) -> bytes:
+    return CUT_FORMAT.pack(cut.length, cut.request_id)
+
+
+def decode_cut(raw: bytes) -> PendingCut:
+    return PendingCut(*CUT_FORMAT.unpack(raw))
 
 
 def encode_counter(value: int) -> bytes:

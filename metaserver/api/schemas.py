@@ -107,13 +107,14 @@ class ChainCounts(BaseModel):
 
 
 class NamespaceCounts(BaseModel):
-    """Inodes by type and open write sessions."""
+    """Inodes by type, open write sessions, and chunk cuts storage may not hold yet."""
 
     inodes: int
     files: int
     directories: int
     symlinks: int
     sessions: int
+    pending_cuts: int
 
 
 class DrainPublic(BaseModel):

@@ -69,8 +69,10 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
 
     Read opens need read permission, write opens write permission (not
     checked on a file this call created). OPEN_TRUNCATE of a non-empty file
-    cuts its chunks on storage (``truncate_chunks``) before the length 0 is
-    committed. Opening a directory for write gives IsADirectory.
+    commits the length 0 with a pending cut of its chunks (the namespace has
+    storage cut them before it answers); any other write open waits for a
+    cut still pending (:mod:`emberfs.metaserver.cuts`). Opening a directory
+    for write gives IsADirectory.
     """
     flags = req.flags
     check_flags(flags)
@@ -94,11 +96,12 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
     if not write:
         return meta_pb2.OpenResponse(attr=attr)
     if flags & meta_pb2.OPEN_TRUNCATE and attr.size > 0:
-        if op.env.truncate_chunks is not None:
-            op.env.truncate_chunks(attr, 0)
+        op.cut_chunks(attr, 0)
         extents.resize(attr, 0, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
         op.put_inode(attr)
+    elif not created:
+        op.before_growth(attr.inode)  # its writes must not land before a pending cut
     session_id = op.add_session(attr.inode)
     return meta_pb2.OpenResponse(attr=attr, session_id=session_id)
 
@@ -134,6 +137,8 @@ def sync(op: OpContext, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
     """Set the exact length and mtime (0: now) of a file open for write."""
     validate_length(req.length)
     attr = _session_file(op, req.inode, req.session_id)
+    if req.length > attr.size:
+        op.before_growth(attr.inode)
     extents.resize(attr, req.length, hole=False)
     attr.mtime_ns = req.mtime_ns or op.now
     attr.ctime_ns = op.now
@@ -148,6 +153,8 @@ def close(op: OpContext, req: meta_pb2.CloseRequest) -> meta_pb2.CloseResponse:
     others = [s for s in op.sessions_of(req.inode) if s.session_id != req.session_id]
     op.end_session(req.inode, req.session_id)
     if req.wrote:
+        if req.length > attr.size:
+            op.before_growth(attr.inode)
         extents.resize(attr, req.length, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
     if attr.nlink == 0 and not others:

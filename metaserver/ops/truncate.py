@@ -13,10 +13,10 @@ from emberfs.proto import common_pb2, meta_pb2
 def truncate(op: OpContext, req: meta_pb2.TruncateRequest) -> meta_pb2.TruncateResponse:
     """Grow or shrink the file at ``path`` (a final symlink is followed) to ``length``.
 
-    Needs write permission. When the file holds data beyond the new length,
-    ``truncate_chunks`` cuts it on storage first (and its Unavailable aborts
-    the truncate, nothing committed); growing only records the new length
-    (the gap reads as zeros).
+    Needs write permission. Shrinking commits the new length with a pending
+    cut of the chunks, which the namespace has storage make once this has
+    committed (:mod:`emberfs.metaserver.cuts`); growing records the new length
+    with a hole that reads as zeros, once no cut is pending.
     """
     sessions.validate_length(req.length)
     attr = lookup.resolve(op, req.path, follow=True).require(req.path)
@@ -25,8 +25,10 @@ def truncate(op: OpContext, req: meta_pb2.TruncateRequest) -> meta_pb2.TruncateR
     if attr.type != common_pb2.FILE:
         raise InvalidArgument(f"not a regular file: {req.path}")
     access.check(attr, op.creds, access.WRITE, req.path)
-    if req.length < attr.size and op.env.truncate_chunks is not None:
-        op.env.truncate_chunks(attr, req.length)
+    if req.length < attr.size:
+        op.cut_chunks(attr, req.length)
+    elif req.length > attr.size:
+        op.before_growth(attr.inode)
     extents.resize(attr, req.length, hole=True)  # growing leaves a hole that reads as zeros
     attr.mtime_ns = attr.ctime_ns = op.now
     op.put_inode(attr)

@@ -96,14 +96,14 @@ def peers():
 def test_each_chain_head_gets_its_stripe_position(peers):
     a, b = peers(), peers()
     cm = cluster_on([a.address, b.address])
-    truncate_chunks(cm, attr([2, 1]), 5 << 20, timeout=5)
+    truncate_chunks(cm, attr([2, 1]), 5 << 20, 99, timeout=5)
     (ra,), (rb,) = a.requests, b.requests
     assert (rb.chain_id, rb.stripe_position, ra.chain_id, ra.stripe_position) == (2, 0, 1, 1)
     for r in (ra, rb):
         assert r.inode == 77 and r.length == 5 << 20 and r.chunk_size == 1 << 20
         assert r.stripe == 2 and r.chain_version == 1 and r.client_id == "metaserver"
     assert ra.target_id == 1 and rb.target_id == 2
-    assert ra.request_id != rb.request_id
+    assert ra.request_id == rb.request_id == 99  # one cut, one id (heads key answers by target)
 
 
 def test_retryable_statuses_are_retried_with_the_same_request_id(peers):

@@ -346,7 +346,7 @@ def test_a_retry_waits_for_its_first_attempt_still_running(clock):
     first_cutting = threading.Event()
     let_it_finish = threading.Event()
 
-    def truncate_chunks(attr, length):
+    def truncate_chunks(attr, length, request_id):
         cuts.append(length)
         first_cutting.set()
         let_it_finish.wait(10)

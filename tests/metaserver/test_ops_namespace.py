@@ -72,6 +72,7 @@ def test_mkdir_and_parents(ns):
         "directories": 5,
         "symlinks": 0,
         "sessions": 0,
+        "pending_cuts": 0,
     }
 
 
@@ -296,10 +297,10 @@ def test_hardlinks(ns):
     assert ns.counts()["files"] == 1
 
 
-def test_truncate_grow_and_shrink_calls_storage_first():
+def test_truncate_shrink_has_storage_cut_once_the_length_is_committed():
     calls = []
 
-    def cut(attr, length):
+    def cut(attr, length, request_id):
         calls.append((attr.inode, attr.size, length))
 
     ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
@@ -307,7 +308,7 @@ def test_truncate_grow_and_shrink_calls_storage_first():
     assert ns.truncate(meta_pb2.TruncateRequest(path="/f", length=1000)).attr.size == 1000
     assert calls == []  # growing cuts nothing
     assert ns.truncate(meta_pb2.TruncateRequest(path="/f", length=10)).attr.size == 10
-    assert calls == [(f.inode, 1000, 10)]
+    assert calls == [(f.inode, 10, 10)]
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=10))
     assert len(calls) == 1
     ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
@@ -317,19 +318,84 @@ def test_truncate_grow_and_shrink_calls_storage_first():
         ns.truncate(meta_pb2.TruncateRequest(path="/f", length=1 << 63))
 
 
-def test_truncate_failure_on_storage_commits_nothing():
-    def fail(attr, length):
+def test_a_cut_storage_could_not_make_keeps_the_new_length_and_blocks_growth_until_done():
+    """A shrink commits its length with the cut; the cut is finished before the file may grow.
+
+    Without the pending cut, a cut that landed on storage after the metaserver
+    stopped waiting left the file its old length over chunks already cut.
+    """
+    storage = {"up": False}
+    calls = []
+
+    def cut(attr, length, request_id):
+        calls.append((length, request_id))
+        if not storage["up"]:
+            raise errors.Unavailable("chain down")
+
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
+    ns.create(meta_pb2.CreateRequest(path="/f"))
+    ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
+    shrink = meta_pb2.TruncateRequest(
+        ctx=common_pb2.RequestContext(client_id="c", request_id=7), path="/f", length=5
+    )
+    with pytest.raises(errors.Unavailable):
+        ns.truncate(shrink)
+    assert stat(ns, "/f").size == 5  # the length is the cut's, whatever storage holds
+    inode = stat(ns, "/f").inode
+    assert ns.cuts.pending() == [inode] and ns.counts()["pending_cuts"] == 1
+    with pytest.raises(errors.Unavailable):  # growing would show bytes past the cut
+        ns.truncate(meta_pb2.TruncateRequest(path="/f", length=50))
+    with pytest.raises(errors.Unavailable):  # and so would writes
+        ns.open(meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE))
+    assert stat(ns, "/f").size == 5 and ns.sessions() == []
+    assert ns.cuts.finish_all() == 0 and ns.cuts.pending() == [inode]
+
+    storage["up"] = True
+    assert ns.truncate(shrink).attr.size == 5  # the client's retry, answered once cut
+    assert ns.cuts.pending() == []
+    assert {length for length, _ in calls} == {5} and len({r for _, r in calls}) == 1
+    assert ns.truncate(meta_pb2.TruncateRequest(path="/f", length=50)).attr.size == 50
+
+
+def test_pending_cuts_are_finished_by_the_sweep_and_replaced_by_a_later_shrink():
+    storage = {"up": False}
+    calls = []
+
+    def cut(attr, length, request_id):
+        calls.append((length, request_id))
+        if not storage["up"]:
+            raise errors.Unavailable("chain down")
+
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
+    ns.create(meta_pb2.CreateRequest(path="/f"))
+    ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
+    for length in (60, 30):
+        with pytest.raises(errors.Unavailable):
+            ns.truncate(meta_pb2.TruncateRequest(path="/f", length=length))
+    with pytest.raises(errors.Unavailable):  # OPEN_TRUNCATE of a file cut to 30, not yet on storage
+        ns.open(meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_TRUNCATE))
+    assert stat(ns, "/f").size == 0
+    assert [length for length, _ in calls] == [60, 30, 0]
+    assert len({r for _, r in calls}) == 3  # each cut its own request
+    storage["up"] = True
+    assert ns.cuts.finish_all() == 1
+    assert calls[-1] == (0, calls[-2][1]) and ns.cuts.pending() == []
+    ns.remove(meta_pb2.RemoveRequest(path="/f"))
+    assert ns.cuts.pending() == []
+
+
+def test_a_removed_file_takes_its_pending_cut_with_it():
+    def cut(attr, length, request_id):
         raise errors.Unavailable("chain down")
 
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=fail)
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
     ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
     with pytest.raises(errors.Unavailable):
-        ns.truncate(meta_pb2.TruncateRequest(path="/f", length=5))
-    assert stat(ns, "/f").size == 100
-    with pytest.raises(errors.Unavailable):
-        ns.open(meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_TRUNCATE))
-    assert stat(ns, "/f").size == 100 and ns.sessions() == []
+        ns.truncate(meta_pb2.TruncateRequest(path="/f", length=10))
+    assert len(ns.cuts.pending()) == 1
+    ns.remove(meta_pb2.RemoveRequest(path="/f"))
+    assert ns.cuts.pending() == []
 
 
 def test_setattr_and_statfs():

@@ -23,7 +23,7 @@ class Cuts:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, attr, length):
+    def __call__(self, attr, length, request_id):
         self.calls.append((attr.inode, length))
 
 
@@ -85,6 +85,7 @@ def test_remove_directories(ns):
         "directories": 1,
         "symlinks": 0,
         "sessions": 0,
+        "pending_cuts": 0,
     }
     # nothing of the removed directories is left in the store (only the root's entry guard)
     left = [k for k, _ in ns.engine.scan_prefix(keys.DENTRY)]
@@ -127,6 +128,7 @@ def test_remove_recursive_is_one_transaction_with_gc_per_file(ns):
         "directories": 1,
         "symlinks": 0,
         "sessions": 0,
+        "pending_cuts": 0,
     }
 
 
