@@ -86,6 +86,7 @@ class ComposeDriver:
                 EMBERFS_ADMIN_PORT=str(free_port(avoid={meta_port})),
                 EMBERFS_IMAGE=os.environ.get("EMBERFS_IMAGE", IMAGE),
                 EMBERFS_UP_TIMEOUT="300",
+                EMBERFS_LOG_LEVEL=os.environ.get("EMBERFS_LOG_LEVEL", "INFO"),
             )
             self.env.pop("EMBERFS_NET_PREFIX", None)
         self.settings: dict[str, str] = {}
@@ -128,11 +129,22 @@ class ComposeDriver:
                 self.heal_partition(i)
             except Exception:
                 pass
+        self.save_logs()
         if not self.attached:
             try:
                 self.script("down", timeout=300)
             except Exception as exc:
                 print(f"cluster.sh down failed: {exc}")
+
+    def save_logs(self) -> None:
+        """Keep every container's log in ``data_dir/logs`` (the containers go with the project)."""
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for svc, cid in self.containers.items():
+            with open(logs / f"{svc}.log", "w") as out:
+                subprocess.run(
+                    ["docker", "logs", cid], stdout=out, stderr=subprocess.STDOUT, timeout=120
+                )
 
     # addresses ---------------------------------------------------------------------------------
     @property
