@@ -7,6 +7,8 @@
     emberfs admin offline ID        # take a target offline (needs the token)
     emberfs admin drain ID          # move a target's chain membership (needs the token)
     emberfs admin gc [--run]        # pending GC items; --run sweeps now (needs the token)
+    emberfs admin scrub [status]    # each target's scrub progress
+    emberfs admin scrub start|pause # start a pass now / pause scrubbing (needs the token)
 
 The API address comes from ``--admin`` or ``EMBERFS_ADMIN`` (default
 ``http://127.0.0.1:9401``), the token from ``--token`` or
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -239,6 +242,41 @@ def show_gc(items: list[dict], console: Console) -> None:
     console.print(t)
 
 
+def _when(ns: int) -> str:
+    """A wall-clock time in nanoseconds as local time (``-`` for 0)."""
+    if not ns:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+
+
+def show_scrub(s: dict, console: Console) -> None:
+    console.print(f"scrubbing is {'[yellow]paused[/]' if s['paused'] else '[green]on[/]'}")
+    table = Table(
+        "target",
+        "node",
+        "pass",
+        "started",
+        "last full pass",
+        "verified",
+        "errors",
+        "repairs",
+        "passes",
+    )
+    for t in s["targets"]:
+        table.add_row(
+            str(t["id"]),
+            escape(t["node"]),
+            "running" if t["running"] else "idle",
+            _when(t["pass_started"]),
+            _when(t["last_full_pass"]),
+            f"{_bytes(t['bytes_verified'])} in {t['chunks_verified']} chunks",
+            f"[red]{t['errors']}[/red]" if t["errors"] else "0",
+            str(t["repairs"]),
+            str(t["passes"]),
+        )
+    console.print(table)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="emberfs admin", description="Show and steer an EmberFS cluster (admin REST API)."
@@ -268,6 +306,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         sp.add_argument("target", type=int, help="target id")
     gc = sub.add_parser("gc", help="pending GC items")
     gc.add_argument("--run", action="store_true", help="run a GC sweep on the metaserver now")
+    scrub = sub.add_parser("scrub", help="the storage servers' scrubbers")
+    scrub.add_argument(
+        "action",
+        nargs="?",
+        default="status",
+        choices=("status", "start", "pause"),
+        help="status (default); start a pass now; pause until the next start",
+    )
     return p.parse_args(argv)
 
 
@@ -306,6 +352,12 @@ def run(args: argparse.Namespace, console: Console) -> None:
         def show(d, con):
             con.print(f"removed {d['removed']} GC items, {d['pending']} pending")
 
+    elif cmd == "scrub":
+        if args.action == "status":
+            data = client.get("/api/v1/scrub")
+        else:
+            data = client.post(f"/api/v1/scrub/{args.action}")
+        show = show_scrub
     else:
         data, show = client.get("/api/v1/gc"), show_gc
     if args.json:

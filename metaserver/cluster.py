@@ -36,6 +36,7 @@ from emberfs.metaserver import chainstate, keys
 from emberfs.metaserver.chainstate import OFFLINE, SERVING, Chain
 from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import KVEngine
+from emberfs.metaserver.scrubboard import ScrubBoard
 from emberfs.proto import cluster_pb2, common_pb2
 
 _U64 = struct.Struct(">Q")
@@ -150,6 +151,7 @@ class ClusterManager:
         self._last_seen: dict[str, float] = {node_id: since for node_id in self._nodes}
         self._absent: set[int] = set()  # targets their node left out of its last registration
         self._io: dict[int, tuple[int, int]] = {}  # target -> (bytes read, bytes written)
+        self.scrub = ScrubBoard(engine)
 
     # ------------------------------------------------------------------ state
 
@@ -496,6 +498,8 @@ class ClusterManager:
             for report in req.targets:
                 self._set_usage(report.target_id, report, changes)
                 self._io[report.target_id] = (report.bytes_read, report.bytes_written)
+                if report.HasField("scrub"):
+                    self.scrub.reported(report.target_id, report.scrub)
             for tid in sorted(own - self._absent - self._fenced):
                 if self._targets[tid].state in (OFFLINE, chainstate.LASTSRV):
                     self._return_target(tid, False, changes)
@@ -506,6 +510,7 @@ class ClusterManager:
                 routing_version=self._routing_version,
                 cluster_address=self.cluster_address,
                 lease_seconds=self.lease_seconds,
+                scrub=self.scrub.control(),
             )
             if req.routing_version < self._routing_version:
                 resp.routing.CopyFrom(self.routing())

@@ -41,6 +41,7 @@ NEXT_CHAIN = "cluster.next_chain_id"
 ROUTING_VERSION = "cluster.routing_version"
 DRAINS = "cluster.drains"  # JSON {drained target id: replacement target id}
 FENCED = "cluster.fenced"  # JSON [target ids held offline until their node registers again]
+SCRUB = "cluster.scrub"  # JSON {"paused": bool, "start": int}: the operator's scrub control
 
 _U64_LE = struct.Struct("<Q")
 _U64_BE = struct.Struct(">Q")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from emberfs.proto import common_pb2 as emberfs_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65mberfs/proto/cluster.proto\x12\x07\x65mberfs\x1a\x1a\x65mberfs/proto/common.proto\"\x8a\x01\n\x0cTargetReport\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04used\x18\x03 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\x04\x12\x12\n\nbytes_read\x18\x05 \x01(\x04\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\x12\x0c\n\x04\x66ull\x18\x07 \x01(\x08\"z\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x02 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12&\n\x07targets\x18\x04 \x03(\x0b\x32\x15.emberfs.TargetReport\"\x81\x01\n\x14RegisterNodeResponse\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12%\n\x07routing\x18\x02 \x01(\x0b\x32\x14.emberfs.RoutingInfo\x12\x17\n\x0f\x63luster_address\x18\x03 \x01(\t\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"d\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12&\n\x07targets\x18\x02 \x03(\x0b\x32\x15.emberfs.TargetReport\x12\x17\n\x0frouting_version\x18\x03 \x01(\x04\"\x97\x01\n\x11HeartbeatResponse\x12\x17\n\x0frouting_version\x18\x01 \x01(\x04\x12\x12\n\nreregister\x18\x02 \x01(\x08\x12%\n\x07routing\x18\x03 \x01(\x0b\x32\x14.emberfs.RoutingInfo\x12\x17\n\x0f\x63luster_address\x18\x04 \x01(\t\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\"*\n\x11GetRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\";\n\x12GetRoutingResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"M\n\x0fSyncDoneRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\x04\x12\x11\n\ttarget_id\x18\x03 \x01(\r\"9\n\x10SyncDoneResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"6\n\x06GCItem\x12\r\n\x05gc_id\x18\x01 \x01(\x04\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x0e\n\x06\x63hains\x18\x03 \x03(\r\"3\n\x0e\x46\x65tchGCRequest\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12\r\n\x05limit\x18\x02 \x01(\r\"1\n\x0f\x46\x65tchGCResponse\x12\x1e\n\x05items\x18\x01 \x03(\x0b\x32\x0f.emberfs.GCItem\"1\n\x0c\x41\x63kGCRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x0e\n\x06gc_ids\x18\x02 \x03(\x04\"\x0f\n\rAckGCResponse\"k\n\x16ReportLostChunkRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x11\n\ttarget_id\x18\x02 \x01(\r\x12\r\n\x05inode\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\r\x12\x0e\n\x06length\x18\x05 \x01(\x04\"+\n\x17ReportLostChunkResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\xf5\x03\n\x0e\x43lusterService\x12K\n\x0cRegisterNode\x12\x1c.emberfs.RegisterNodeRequest\x1a\x1d.emberfs.RegisterNodeResponse\x12\x42\n\tHeartbeat\x12\x19.emberfs.HeartbeatRequest\x1a\x1a.emberfs.HeartbeatResponse\x12\x45\n\nGetRouting\x12\x1a.emberfs.GetRoutingRequest\x1a\x1b.emberfs.GetRoutingResponse\x12?\n\x08SyncDone\x12\x18.emberfs.SyncDoneRequest\x1a\x19.emberfs.SyncDoneResponse\x12<\n\x07\x46\x65tchGC\x12\x17.emberfs.FetchGCRequest\x1a\x18.emberfs.FetchGCResponse\x12\x36\n\x05\x41\x63kGC\x12\x15.emberfs.AckGCRequest\x1a\x16.emberfs.AckGCResponse\x12T\n\x0fReportLostChunk\x12\x1f.emberfs.ReportLostChunkRequest\x1a .emberfs.ReportLostChunkResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65mberfs/proto/cluster.proto\x12\x07\x65mberfs\x1a\x1a\x65mberfs/proto/common.proto\"\xaf\x01\n\x0cTargetReport\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04used\x18\x03 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\x04\x12\x12\n\nbytes_read\x18\x05 \x01(\x04\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\x12\x0c\n\x04\x66ull\x18\x07 \x01(\x08\x12#\n\x05scrub\x18\x08 \x01(\x0b\x32\x14.emberfs.ScrubReport\"\xc5\x01\n\x0bScrubReport\x12\x0f\n\x07running\x18\x01 \x01(\x08\x12\x0e\n\x06paused\x18\x02 \x01(\x08\x12\x17\n\x0fpass_started_ns\x18\x03 \x01(\x04\x12\x1a\n\x12last_pass_ended_ns\x18\x04 \x01(\x04\x12\x16\n\x0e\x62ytes_verified\x18\x05 \x01(\x04\x12\x17\n\x0f\x63hunks_verified\x18\x06 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x07 \x01(\x04\x12\x0f\n\x07repairs\x18\x08 \x01(\x04\x12\x0e\n\x06passes\x18\t \x01(\x04\"-\n\x0cScrubControl\x12\x0e\n\x06paused\x18\x01 \x01(\x08\x12\r\n\x05start\x18\x02 \x01(\x04\"z\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x02 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12&\n\x07targets\x18\x04 \x03(\x0b\x32\x15.emberfs.TargetReport\"\x81\x01\n\x14RegisterNodeResponse\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12%\n\x07routing\x18\x02 \x01(\x0b\x32\x14.emberfs.RoutingInfo\x12\x17\n\x0f\x63luster_address\x18\x03 \x01(\t\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"d\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12&\n\x07targets\x18\x02 \x03(\x0b\x32\x15.emberfs.TargetReport\x12\x17\n\x0frouting_version\x18\x03 \x01(\x04\"\xbd\x01\n\x11HeartbeatResponse\x12\x17\n\x0frouting_version\x18\x01 \x01(\x04\x12\x12\n\nreregister\x18\x02 \x01(\x08\x12%\n\x07routing\x18\x03 \x01(\x0b\x32\x14.emberfs.RoutingInfo\x12\x17\n\x0f\x63luster_address\x18\x04 \x01(\t\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12$\n\x05scrub\x18\x06 \x01(\x0b\x32\x15.emberfs.ScrubControl\"*\n\x11GetRoutingRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04\";\n\x12GetRoutingResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"M\n\x0fSyncDoneRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x15\n\rchain_version\x18\x02 \x01(\x04\x12\x11\n\ttarget_id\x18\x03 \x01(\r\"9\n\x10SyncDoneResponse\x12%\n\x07routing\x18\x01 \x01(\x0b\x32\x14.emberfs.RoutingInfo\"6\n\x06GCItem\x12\r\n\x05gc_id\x18\x01 \x01(\x04\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x0e\n\x06\x63hains\x18\x03 \x03(\r\"3\n\x0e\x46\x65tchGCRequest\x12\x12\n\ntarget_ids\x18\x01 \x03(\r\x12\r\n\x05limit\x18\x02 \x01(\r\"1\n\x0f\x46\x65tchGCResponse\x12\x1e\n\x05items\x18\x01 \x03(\x0b\x32\x0f.emberfs.GCItem\"1\n\x0c\x41\x63kGCRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x0e\n\x06gc_ids\x18\x02 \x03(\x04\"\x0f\n\rAckGCResponse\"k\n\x16ReportLostChunkRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\r\x12\x11\n\ttarget_id\x18\x02 \x01(\r\x12\r\n\x05inode\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\r\x12\x0e\n\x06length\x18\x05 \x01(\x04\"+\n\x17ReportLostChunkResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\xf5\x03\n\x0e\x43lusterService\x12K\n\x0cRegisterNode\x12\x1c.emberfs.RegisterNodeRequest\x1a\x1d.emberfs.RegisterNodeResponse\x12\x42\n\tHeartbeat\x12\x19.emberfs.HeartbeatRequest\x1a\x1a.emberfs.HeartbeatResponse\x12\x45\n\nGetRouting\x12\x1a.emberfs.GetRoutingRequest\x1a\x1b.emberfs.GetRoutingResponse\x12?\n\x08SyncDone\x12\x18.emberfs.SyncDoneRequest\x1a\x19.emberfs.SyncDoneResponse\x12<\n\x07\x46\x65tchGC\x12\x17.emberfs.FetchGCRequest\x1a\x18.emberfs.FetchGCResponse\x12\x36\n\x05\x41\x63kGC\x12\x15.emberfs.AckGCRequest\x1a\x16.emberfs.AckGCResponse\x12T\n\x0fReportLostChunk\x12\x1f.emberfs.ReportLostChunkRequest\x1a .emberfs.ReportLostChunkResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,37 +33,41 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'emberfs.proto.cluster_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TARGETREPORT']._serialized_start=69
-  _globals['_TARGETREPORT']._serialized_end=207
-  _globals['_REGISTERNODEREQUEST']._serialized_start=209
-  _globals['_REGISTERNODEREQUEST']._serialized_end=331
-  _globals['_REGISTERNODERESPONSE']._serialized_start=334
-  _globals['_REGISTERNODERESPONSE']._serialized_end=463
-  _globals['_HEARTBEATREQUEST']._serialized_start=465
-  _globals['_HEARTBEATREQUEST']._serialized_end=565
-  _globals['_HEARTBEATRESPONSE']._serialized_start=568
-  _globals['_HEARTBEATRESPONSE']._serialized_end=719
-  _globals['_GETROUTINGREQUEST']._serialized_start=721
-  _globals['_GETROUTINGREQUEST']._serialized_end=763
-  _globals['_GETROUTINGRESPONSE']._serialized_start=765
-  _globals['_GETROUTINGRESPONSE']._serialized_end=824
-  _globals['_SYNCDONEREQUEST']._serialized_start=826
-  _globals['_SYNCDONEREQUEST']._serialized_end=903
-  _globals['_SYNCDONERESPONSE']._serialized_start=905
-  _globals['_SYNCDONERESPONSE']._serialized_end=962
-  _globals['_GCITEM']._serialized_start=964
-  _globals['_GCITEM']._serialized_end=1018
-  _globals['_FETCHGCREQUEST']._serialized_start=1020
-  _globals['_FETCHGCREQUEST']._serialized_end=1071
-  _globals['_FETCHGCRESPONSE']._serialized_start=1073
-  _globals['_FETCHGCRESPONSE']._serialized_end=1122
-  _globals['_ACKGCREQUEST']._serialized_start=1124
-  _globals['_ACKGCREQUEST']._serialized_end=1173
-  _globals['_ACKGCRESPONSE']._serialized_start=1175
-  _globals['_ACKGCRESPONSE']._serialized_end=1190
-  _globals['_REPORTLOSTCHUNKREQUEST']._serialized_start=1192
-  _globals['_REPORTLOSTCHUNKREQUEST']._serialized_end=1299
-  _globals['_REPORTLOSTCHUNKRESPONSE']._serialized_start=1301
-  _globals['_REPORTLOSTCHUNKRESPONSE']._serialized_end=1344
-  _globals['_CLUSTERSERVICE']._serialized_start=1347
-  _globals['_CLUSTERSERVICE']._serialized_end=1848
+  _globals['_TARGETREPORT']._serialized_end=244
+  _globals['_SCRUBREPORT']._serialized_start=247
+  _globals['_SCRUBREPORT']._serialized_end=444
+  _globals['_SCRUBCONTROL']._serialized_start=446
+  _globals['_SCRUBCONTROL']._serialized_end=491
+  _globals['_REGISTERNODEREQUEST']._serialized_start=493
+  _globals['_REGISTERNODEREQUEST']._serialized_end=615
+  _globals['_REGISTERNODERESPONSE']._serialized_start=618
+  _globals['_REGISTERNODERESPONSE']._serialized_end=747
+  _globals['_HEARTBEATREQUEST']._serialized_start=749
+  _globals['_HEARTBEATREQUEST']._serialized_end=849
+  _globals['_HEARTBEATRESPONSE']._serialized_start=852
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1041
+  _globals['_GETROUTINGREQUEST']._serialized_start=1043
+  _globals['_GETROUTINGREQUEST']._serialized_end=1085
+  _globals['_GETROUTINGRESPONSE']._serialized_start=1087
+  _globals['_GETROUTINGRESPONSE']._serialized_end=1146
+  _globals['_SYNCDONEREQUEST']._serialized_start=1148
+  _globals['_SYNCDONEREQUEST']._serialized_end=1225
+  _globals['_SYNCDONERESPONSE']._serialized_start=1227
+  _globals['_SYNCDONERESPONSE']._serialized_end=1284
+  _globals['_GCITEM']._serialized_start=1286
+  _globals['_GCITEM']._serialized_end=1340
+  _globals['_FETCHGCREQUEST']._serialized_start=1342
+  _globals['_FETCHGCREQUEST']._serialized_end=1393
+  _globals['_FETCHGCRESPONSE']._serialized_start=1395
+  _globals['_FETCHGCRESPONSE']._serialized_end=1444
+  _globals['_ACKGCREQUEST']._serialized_start=1446
+  _globals['_ACKGCREQUEST']._serialized_end=1495
+  _globals['_ACKGCRESPONSE']._serialized_start=1497
+  _globals['_ACKGCRESPONSE']._serialized_end=1512
+  _globals['_REPORTLOSTCHUNKREQUEST']._serialized_start=1514
+  _globals['_REPORTLOSTCHUNKREQUEST']._serialized_end=1621
+  _globals['_REPORTLOSTCHUNKRESPONSE']._serialized_start=1623
+  _globals['_REPORTLOSTCHUNKRESPONSE']._serialized_end=1666
+  _globals['_CLUSTERSERVICE']._serialized_start=1669
+  _globals['_CLUSTERSERVICE']._serialized_end=2170
 # @@protoc_insertion_point(module_scope)

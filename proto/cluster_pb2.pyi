@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TargetReport(_message.Message):
-    __slots__ = ("target_id", "capacity", "used", "chunks", "bytes_read", "bytes_written", "full")
+    __slots__ = ("target_id", "capacity", "used", "chunks", "bytes_read", "bytes_written", "full", "scrub")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class TargetReport(_message.Message):
     BYTES_READ_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     FULL_FIELD_NUMBER: _ClassVar[int]
+    SCRUB_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     capacity: int
     used: int
@@ -23,7 +24,38 @@ class TargetReport(_message.Message):
     bytes_read: int
     bytes_written: int
     full: bool
-    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., chunks: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., full: _Optional[bool] = ...) -> None: ...
+    scrub: ScrubReport
+    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., chunks: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., full: _Optional[bool] = ..., scrub: _Optional[_Union[ScrubReport, _Mapping]] = ...) -> None: ...
+
+class ScrubReport(_message.Message):
+    __slots__ = ("running", "paused", "pass_started_ns", "last_pass_ended_ns", "bytes_verified", "chunks_verified", "errors", "repairs", "passes")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    PASS_STARTED_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_PASS_ENDED_NS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    running: bool
+    paused: bool
+    pass_started_ns: int
+    last_pass_ended_ns: int
+    bytes_verified: int
+    chunks_verified: int
+    errors: int
+    repairs: int
+    passes: int
+    def __init__(self, running: _Optional[bool] = ..., paused: _Optional[bool] = ..., pass_started_ns: _Optional[int] = ..., last_pass_ended_ns: _Optional[int] = ..., bytes_verified: _Optional[int] = ..., chunks_verified: _Optional[int] = ..., errors: _Optional[int] = ..., repairs: _Optional[int] = ..., passes: _Optional[int] = ...) -> None: ...
+
+class ScrubControl(_message.Message):
+    __slots__ = ("paused", "start")
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    start: int
+    def __init__(self, paused: _Optional[bool] = ..., start: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "data_address", "grpc_address", "targets")
@@ -60,18 +92,20 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[TargetReport, _Mapping]]] = ..., routing_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("routing_version", "reregister", "routing", "cluster_address", "lease_seconds")
+    __slots__ = ("routing_version", "reregister", "routing", "cluster_address", "lease_seconds", "scrub")
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCRUB_FIELD_NUMBER: _ClassVar[int]
     routing_version: int
     reregister: bool
     routing: _common_pb2.RoutingInfo
     cluster_address: str
     lease_seconds: float
-    def __init__(self, routing_version: _Optional[int] = ..., reregister: _Optional[bool] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ..., cluster_address: _Optional[str] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    scrub: ScrubControl
+    def __init__(self, routing_version: _Optional[int] = ..., reregister: _Optional[bool] = ..., routing: _Optional[_Union[_common_pb2.RoutingInfo, _Mapping]] = ..., cluster_address: _Optional[str] = ..., lease_seconds: _Optional[float] = ..., scrub: _Optional[_Union[ScrubControl, _Mapping]] = ...) -> None: ...
 
 class GetRoutingRequest(_message.Message):
     __slots__ = ("known_version",)

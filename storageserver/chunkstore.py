@@ -117,6 +117,7 @@ class ChunkStore:
         self._records = ChunkRecords(self.root, block_size, sync=fsync)
         self._lock = threading.Lock()
         self._closed = False
+        self.repaired = 0  # damaged committed chunks a whole copy replaced since the store opened
         try:
             self._count = self._records.recover(self._files)
             self.space = SpaceGuard(
@@ -413,6 +414,7 @@ class ChunkStore:
                 garbage.append(self._committed_file(inode, index, rec))
             rec.c_version, rec.c_fid, rec.c_len = rec.p_version, rec.p_fid, rec.p_len
             rec.c_sum, rec.c_crcs = rec.p_sum, rec.p_crcs
+            self.repaired += rec.damaged
             rec.damaged = False  # whole content again (a damaged chunk stages only whole ones)
             rec.drop_pending()
             self._records.put(inode, index, rec)
@@ -486,6 +488,7 @@ class ChunkStore:
                 replaced.append(self._pending_file(inode, index, rec))
                 rec.drop_pending()
             rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
+            self.repaired += rec.damaged
             rec.c_sum, rec.c_crcs, rec.damaged = checksum, crcs, False
             return rec, replaced, True
 

@@ -144,6 +144,8 @@ class DataServer:
         self.frame_timeout = frame_timeout
         self._on_stale = on_stale
         self._fenced = fenced
+        self._busy = 0  # requests being handled now
+        self._busy_lock = threading.Lock()
         self._pool = wire.ConnectionPool(
             io_timeout=forward_timeout,
             max_per_address=None,
@@ -189,6 +191,10 @@ class DataServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._pool.close()
+
+    def busy(self) -> bool:
+        """True while a request (a client's, or a chain peer's) is being handled."""
+        return self._busy > 0
 
     def io_counters(self, target_id: int) -> tuple[int, int]:
         """(bytes sent to readers, bytes stored by writes) of a target since start."""
@@ -271,9 +277,13 @@ class DataServer:
         conn.responding = False
         conn.status = Status.INTERNAL
         started = time.perf_counter()
+        with self._busy_lock:
+            self._busy += 1
         try:
             return self._handle(conn, op, frame)
         finally:
+            with self._busy_lock:
+                self._busy -= 1
             name = _OP_NAMES.get(op)
             if name is not None:
                 metrics.CHUNK_OPS.labels(name, framing.status_name(conn.status)).inc()

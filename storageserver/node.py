@@ -190,7 +190,13 @@ class Node:
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
         self.scrubber = (
-            Scrubber(lambda: dict(self._stores), scrub_rate, self._report_damaged, self._stop)
+            Scrubber(
+                lambda: dict(self._stores),
+                scrub_rate,
+                self._report_damaged,
+                self._stop,
+                busy=lambda: self._data is not None and self._data.busy(),
+            )
             if scrub_rate > 0
             else None
         )
@@ -269,6 +275,8 @@ class Node:
                     full=st["full"],
                 )
             )
+            if self.scrubber is not None and tid:
+                out[-1].scrub.CopyFrom(self.scrubber.report(tid, store.repaired))
         return out
 
     # ------------------------------------------------------------------ lifecycle
@@ -500,6 +508,8 @@ class Node:
         if resp.HasField("routing"):
             self.set_routing(resp.routing)
         self._extend_lease(sent, resp.lease_seconds)
+        if self.scrubber is not None and resp.HasField("scrub"):
+            self.scrubber.control(resp.scrub.paused, resp.scrub.start)
 
     def _heartbeat_loop(self) -> None:
         failing = False

@@ -10,7 +10,13 @@ reads of it there answer ``NOT_FOUND`` and go to another replica, and
 ``on_damaged`` tells the metaserver, which has the target resynced from a
 healthy replica of its chain (:mod:`emberfs.metaserver.repair`). A pass starts
 ``interval`` seconds after the previous one started (the first ``delay``
-seconds after the node starts).
+seconds after the node starts), or at once when the operator starts one.
+
+It gives way to clients: before each chunk it waits while the node has client
+requests in flight (``busy()``), at most :data:`YIELD_MAX` seconds a chunk, so a
+busy node still scrubs, slowly. The operator's control (``emberfs admin scrub
+start|pause``) arrives with heartbeat answers (:meth:`Scrubber.control`); its
+progress per target goes back in heartbeats (:meth:`Scrubber.report`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from emberfs.common import framing
+from emberfs.proto import cluster_pb2
 from emberfs.storageserver import metrics
 from emberfs.storageserver.chunkfiles import pread_all
 from emberfs.storageserver.chunkstore import ChunkMeta, ChunkStore
@@ -29,6 +36,8 @@ from emberfs.storageserver.chunkstore import ChunkMeta, ChunkStore
 log = logging.getLogger(__name__)
 
 PAGE = 256  # chunk records listed at a time
+TICK = 0.1  # seconds between looks at the clock, the control and the stop flag when idle
+YIELD_MAX = 0.5  # seconds the scrub waits for clients before each chunk, at most
 
 
 @dataclass
@@ -38,6 +47,19 @@ class PassStats:
     chunks: int = 0
     bytes: int = 0
     damaged: int = 0
+
+
+@dataclass
+class TargetProgress:
+    """The scrubber's progress on one target (wall-clock ns; counts since the node started)."""
+
+    running: bool = False
+    pass_started_ns: int = 0
+    last_pass_ended_ns: int = 0
+    bytes: int = 0
+    chunks: int = 0
+    errors: int = 0
+    passes: int = 0
 
 
 class Scrubber:
@@ -53,6 +75,8 @@ class Scrubber:
         ``on_damaged(target_id, meta)`` for each chunk a pass marked damaged.
     stop : threading.Event
         Ends a pass between chunks, and :meth:`run`.
+    busy : callable, optional
+        ``busy()`` is true while clients have requests in flight on the node.
     """
 
     def __init__(
@@ -61,6 +85,7 @@ class Scrubber:
         rate: float,
         on_damaged: Callable[[int, ChunkMeta], None],
         stop: threading.Event,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         if not rate > 0:
             raise ValueError("the scrub rate must be positive")
@@ -68,37 +93,96 @@ class Scrubber:
         self.rate = rate
         self.on_damaged = on_damaged
         self.stop = stop
+        self.busy = busy
+        self.paused = False
+        self._kick = threading.Event()
+        self._start_seen: int | None = None
+        self._due = 0.0  # monotonic time by which the bytes read so far may have been read
+        self._lock = threading.Lock()
+        self._progress: dict[int, TargetProgress] = {}
+
+    # control and progress -------------------------------------------------------
+
+    def control(self, paused: bool, start: int) -> None:
+        """Apply the operator's control: pause, or begin a pass now when ``start`` rose.
+
+        The first ``start`` seen is only noted (it was raised before this node heard).
+        """
+        self.paused = paused
+        if self._start_seen is not None and start > self._start_seen:
+            self._kick.set()
+        self._start_seen = start
+
+    def report(self, target_id: int, repairs: int) -> cluster_pb2.ScrubReport:
+        """The progress on ``target_id`` for a heartbeat; ``repairs`` as its store counts them."""
+        with self._lock:
+            p = self._progress.get(target_id) or TargetProgress()
+            return cluster_pb2.ScrubReport(
+                running=p.running,
+                paused=self.paused,
+                pass_started_ns=p.pass_started_ns,
+                last_pass_ended_ns=p.last_pass_ended_ns,
+                bytes_verified=p.bytes,
+                chunks_verified=p.chunks,
+                errors=p.errors,
+                repairs=repairs,
+                passes=p.passes,
+            )
+
+    def _update(self, target_id: int, **changes) -> TargetProgress:
+        with self._lock:
+            p = self._progress.setdefault(target_id, TargetProgress())
+            for name, value in changes.items():
+                setattr(p, name, value)
+            return p
+
+    # passes ---------------------------------------------------------------------
 
     def run(self, interval: float, delay: float) -> None:
-        """Run a pass every ``interval`` seconds, the first after ``delay``, until stopped."""
+        """Run a pass every ``interval`` seconds, the first after ``delay``, until stopped.
+
+        A start from the operator begins one at once; while paused none begins.
+        """
         next_at = time.monotonic() + delay
-        while not self.stop.wait(max(0.0, next_at - time.monotonic())):
+        while not self.stop.wait(TICK):
+            if self.paused or (not self._kick.is_set() and time.monotonic() < next_at):
+                continue
+            self._kick.clear()
             next_at = time.monotonic() + interval
             try:
                 self.scrub_pass()
             except Exception:  # a bug: log it, try again at the next pass
                 log.exception("scrub pass failed")
 
+    def _give_way(self) -> None:
+        """Before a chunk: wait while paused, and while clients are busy (a while at most)."""
+        while self.paused and not self.stop.wait(TICK):
+            pass
+        until = time.monotonic() + YIELD_MAX
+        while self.busy() and time.monotonic() < until and not self.stop.wait(0.005):
+            pass
+
+    def _keep_to_rate(self, n: int) -> None:
+        """Sleep so that reading ``n`` more bytes keeps the pass at its rate (pauses not made up)."""
+        self._due = max(self._due, time.monotonic()) + n / self.rate
+        wait = self._due - time.monotonic()
+        if wait > 0:
+            self.stop.wait(wait)
+
     def scrub_pass(self) -> PassStats:
         """One pass over every committed chunk of every target; its figures."""
         stats = PassStats()
-        budget_start = time.monotonic()
         for target_id, store in sorted(self.stores().items()):
-            after = None
-            while not self.stop.is_set():
-                page = store.list(after=after, limit=PAGE)
-                for meta in page:
-                    if self.stop.is_set():
-                        return stats
-                    n = self._verify(target_id, store, meta, stats)
-                    stats.bytes += n
-                    # keep to the rate: sleep until the bytes read so far are due
-                    due = budget_start + stats.bytes / self.rate
-                    if due > time.monotonic():
-                        self.stop.wait(due - time.monotonic())
-                if len(page) < PAGE:
-                    break
-                after = (page[-1].inode, page[-1].index)
+            self._update(target_id, running=True, pass_started_ns=time.time_ns(), bytes=0, chunks=0)
+            walked = self._scrub_target(target_id, store, stats)
+            with self._lock:
+                p = self._progress[target_id]
+                p.running = False
+                if walked:
+                    p.last_pass_ended_ns = time.time_ns()
+                    p.passes += 1
+            if not walked:
+                return stats
         log.info(
             "scrub pass: %d chunks, %d bytes verified, %d damaged",
             stats.chunks,
@@ -106,6 +190,27 @@ class Scrubber:
             stats.damaged,
         )
         return stats
+
+    def _scrub_target(self, target_id: int, store: ChunkStore, stats: PassStats) -> bool:
+        """Verify every committed chunk of one target; False when stopped before the end."""
+        after = None
+        while True:
+            page = store.list(after=after, limit=PAGE)
+            for meta in page:
+                self._give_way()
+                if self.stop.is_set():
+                    return False
+                before = stats.chunks
+                n = self._verify(target_id, store, meta, stats)
+                stats.bytes += n
+                with self._lock:
+                    p = self._progress[target_id]
+                    p.bytes += n
+                    p.chunks += stats.chunks - before
+                self._keep_to_rate(n)
+            if len(page) < PAGE:
+                return True
+            after = (page[-1].inode, page[-1].index)
 
     def _verify(self, target_id: int, store: ChunkStore, meta: ChunkMeta, stats: PassStats) -> int:
         """Check one chunk; bytes read."""
@@ -129,6 +234,8 @@ class Scrubber:
             return committed.length
         if store.mark_damaged(committed.inode, committed.index, committed.version):
             stats.damaged += 1
+            with self._lock:
+                self._progress[target_id].errors += 1
             metrics.SCRUB_DAMAGED.labels(str(target_id)).inc()
             log.warning(
                 "target %d: chunk %d:%d version %d is damaged (%s): marked, reported",

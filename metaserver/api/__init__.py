@@ -6,9 +6,10 @@
 
 * ``/healthz``, ``/readyz``: probes;
 * ``/api/v1/cluster``, ``/nodes``, ``/targets[/{id}]``, ``/chains[/{id}]``,
-  ``/sessions``, ``/gc``, ``/layouts``: read the cluster (no token needed);
+  ``/sessions``, ``/gc``, ``/layouts``, ``/scrub``: read the cluster (no token needed);
 * ``POST /api/v1/targets/{id}/offline``, ``POST /api/v1/targets/{id}/drain``,
-  ``POST /api/v1/gc/run``, ``PUT /api/v1/layouts``: steer it, with
+  ``POST /api/v1/gc/run``, ``PUT /api/v1/layouts``, ``POST /api/v1/scrub/start|pause``:
+  steer it, with
   ``Authorization: Bearer <admin token>``;
 * ``/metrics`` (Prometheus), ``/docs`` and ``/openapi.json``, and the
   dashboard at ``/`` (static HTML and JavaScript polling the API).
@@ -37,6 +38,7 @@ from emberfs.metaserver.api.routers import health as _health
 from emberfs.metaserver.api.routers import layouts as _layouts
 from emberfs.metaserver.api.routers import metrics as _metrics
 from emberfs.metaserver.api.routers import nodes as _nodes
+from emberfs.metaserver.api.routers import scrub as _scrub
 from emberfs.metaserver.api.routers import sessions as _sessions
 from emberfs.metaserver.api.routers import targets as _targets
 from emberfs.metaserver.cluster import ClusterManager
@@ -44,7 +46,7 @@ from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.metrics import registry_for
 
 STATIC_DIR = Path(__file__).parent / "static"
-ROUTERS = (_health, _cluster, _nodes, _targets, _chains, _sessions, _gc, _layouts, _metrics)
+ROUTERS = (_health, _cluster, _nodes, _targets, _chains, _sessions, _gc, _scrub, _layouts, _metrics)
 """The router modules, in the order the app includes them."""
 
 _STATUS_OF_ERROR: list[tuple[type[errors.EmberError], int]] = [

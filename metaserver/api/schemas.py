@@ -178,6 +178,35 @@ class GCRunPublic(BaseModel):
     pending: int = Field(description="items still waiting for a target")
 
 
+class ScrubTargetPublic(BaseModel):
+    """The scrubber's progress on one target, as its storage server last reported it."""
+
+    id: int
+    node: str
+    running: bool = Field(description="a pass is walking this target now")
+    paused: bool
+    pass_started: int = Field(
+        description="start of the pass under way or the last one, nanoseconds since the epoch"
+    )
+    last_full_pass: int = Field(
+        description="end of the last pass that walked the whole target, nanoseconds since the "
+        "epoch (0: none since its server started)"
+    )
+    bytes_verified: int = Field(description="by the pass under way, or the last one")
+    chunks_verified: int
+    errors: int = Field(description="damaged chunks found since its server started")
+    repairs: int = Field(description="damaged chunks made whole by a resync since then")
+    passes: int = Field(description="full passes since its server started")
+
+
+class ScrubPublic(BaseModel):
+    """The operator's scrub control and every target's progress (targets not reported: absent)."""
+
+    paused: bool
+    starts: int = Field(description="how many times a pass was started by hand")
+    targets: list[ScrubTargetPublic]
+
+
 class LayoutIn(BaseModel):
     """A directory layout. ``chunk_size`` 0 clears it (the directory inherits again)."""
 

@@ -136,3 +136,30 @@ def cluster_summary(cluster: ClusterManager, gc: GCQueue, namespace: Any) -> sch
         gc_pending=gc.count(),
         drains=drains(cluster, routing),
     )
+
+
+def scrub(cluster: ClusterManager) -> schemas.ScrubPublic:
+    """The scrub control and the last scrub report of every target."""
+    control = cluster.scrub.control()
+    reports = cluster.scrub.reports()
+    nodes = {t.target_id: t.node_id for t in cluster.routing().targets}
+    return schemas.ScrubPublic(
+        paused=control.paused,
+        starts=control.start,
+        targets=[
+            schemas.ScrubTargetPublic(
+                id=tid,
+                node=nodes.get(tid, ""),
+                running=r.running,
+                paused=r.paused,
+                pass_started=r.pass_started_ns,
+                last_full_pass=r.last_pass_ended_ns,
+                bytes_verified=r.bytes_verified,
+                chunks_verified=r.chunks_verified,
+                errors=r.errors,
+                repairs=r.repairs,
+                passes=r.passes,
+            )
+            for tid, r in sorted(reports.items())
+        ],
+    )

@@ -212,6 +212,8 @@ STEERING = [
     ("post", "/api/v1/targets/1/drain", None),
     ("post", "/api/v1/gc/run", None),
     ("put", "/api/v1/layouts?path=/", {"chunk_size": 1 << 20, "stripe": 1}),
+    ("post", "/api/v1/scrub/start", None),
+    ("post", "/api/v1/scrub/pause", None),
 ]
 
 
@@ -363,3 +365,41 @@ def test_metrics_report_states(api):
     assert 'emberfs_targets{state="serving"} 3.0' in text
     assert 'emberfs_chains{health="degraded"} 1.0' in text
     assert "process_cpu_seconds_total" in text or "python_info" in text
+
+
+def test_scrub_control_reaches_heartbeats_and_outlives_a_restart(four_nodes):
+    cm, engine, _ = four_nodes
+    client = TestClient(create_app(cm, GCQueue(cm), admin_token=TOKEN))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def beat(node: str, target: int, **progress) -> cluster_pb2.HeartbeatResponse:
+        report = cluster_pb2.TargetReport(target_id=target, capacity=1000)
+        report.scrub.CopyFrom(cluster_pb2.ScrubReport(**progress))
+        return cm.heartbeat(cluster_pb2.HeartbeatRequest(node_id=node, targets=[report]))
+
+    assert (beat("a", 1).scrub.paused, beat("a", 1).scrub.start) == (False, 0)
+    shown = client.post("/api/v1/scrub/pause", headers=auth).json()
+    assert shown["paused"] is True and shown["starts"] == 0
+    assert beat("a", 1).scrub.paused
+    shown = client.post("/api/v1/scrub/start", headers=auth).json()
+    assert (shown["paused"], shown["starts"]) == (False, 1)
+    resp = beat("b", 2, running=True, pass_started_ns=5, bytes_verified=4096, errors=2, repairs=1)
+    assert (resp.scrub.paused, resp.scrub.start) == (False, 1)
+    shown = {t["id"]: t for t in client.get("/api/v1/scrub").json()["targets"]}
+    assert set(shown) == {1, 2}  # the targets that reported
+    assert shown[2] == {
+        "id": 2,
+        "node": "b",
+        "running": True,
+        "paused": False,
+        "pass_started": 5,
+        "last_full_pass": 0,
+        "bytes_verified": 4096,
+        "chunks_verified": 0,
+        "errors": 2,
+        "repairs": 1,
+        "passes": 0,
+    }
+    client.post("/api/v1/scrub/pause", headers=auth)
+    again = ClusterManager(engine, replicas=3)  # a restarted metaserver keeps the control
+    assert (again.scrub.control().paused, again.scrub.control().start) == (True, 1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -54,8 +56,13 @@ return {
   pills: Array.from(document.querySelectorAll('#chains tbody tr span.pill')).map(pill),
   targets: Object.fromEntries(Array.from(document.querySelectorAll('#targets tbody tr'))
                               .map(r => [r.dataset.target, r.dataset.state])),
+  scrubbed: Array.from(document.querySelectorAll('#targets td.scrub'))
+                 .map(td => Number(td.dataset.lastScrub)),
 };
 """
+
+
+TOKEN = "dashboard-test-token"
 
 
 def snapshot(driver) -> dict:
@@ -69,7 +76,7 @@ def target_states(driver) -> dict[int, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_dashboard_shows_chains_and_a_killed_server(private_cluster, browser, tmp_path):
-    c = private_cluster()
+    c = private_cluster(extra_meta_args=["--admin-token", TOKEN])
     browser.get(c.admin_url + "/")
     wait = WebDriverWait(browser, 20, poll_frequency=0.2)
     page = wait.until(lambda d: (s := snapshot(d))["chains"] == 2 and len(s["targets"]) == 6 and s)
@@ -78,6 +85,18 @@ def test_dashboard_shows_chains_and_a_killed_server(private_cluster, browser, tm
     assert len(page["pills"]) == 6 and {p["state"] for p in page["pills"]} == {"serving"}
     assert "31, 157, 85" in page["pills"][0]["colour"]  # serving is green
     browser.save_screenshot(str(SHOT_DIR / "emberfs-dashboard-healthy.png"))
+
+    # a scrub pass started by hand shows up as every target's last full pass
+    start = urllib.request.Request(
+        c.admin_url + "/api/v1/scrub/start",
+        method="POST",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(start, timeout=10) as resp:
+        assert json.load(resp)["paused"] is False
+    page = wait.until(
+        lambda d: (s := snapshot(d))["scrubbed"] and len(s["scrubbed"]) == 6 and all(s["scrubbed"])
+    )
 
     routing = c.routing()
     victim = c.storage_address(0)

@@ -6,6 +6,7 @@ every second); a chunk store in the test process for what one pass marks.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -63,6 +64,58 @@ def test_one_pass_marks_a_rotten_chunk_damaged_and_reports_it(tmp_path):
         assert scrubber.scrub_pass().chunks == 1  # a damaged chunk waits for its resync
         assert store.install(7, 1, 4, bad)  # the resync's whole copy makes it whole again
         assert not store.meta(7, 1).damaged
+        report = scrubber.report(1, store.repaired)
+        assert (report.passes, report.errors, report.repairs) == (2, 1, 1)
+        assert (report.chunks_verified, report.bytes_verified) == (1, 300_000)  # the last pass
+        assert not report.running and report.last_pass_ended_ns >= report.pass_started_ns > 0
+    finally:
+        store.close()
+
+
+def test_pause_holds_a_pass_between_chunks_and_start_begins_one_at_once(tmp_path):
+    store = ChunkStore(tmp_path / "t", direct_io=False)
+    stop = threading.Event()
+    try:
+        for i in range(4):
+            store.install(9, i, 1, os.urandom(10_000))
+        scrubber = Scrubber(lambda: {1: store}, 1e9, lambda t, m: None, stop)
+        scrubber.control(paused=False, start=5)  # the first start seen is history
+        runner = threading.Thread(target=scrubber.run, args=(3600.0, 3600.0), daemon=True)
+        runner.start()
+        time.sleep(0.5)
+        assert scrubber.report(1, 0).passes == 0  # nothing due for an hour
+        scrubber.control(paused=True, start=6)  # started, but paused
+        time.sleep(0.5)
+        assert scrubber.report(1, 0).passes == 0 and scrubber.report(1, 0).paused
+        scrubber.control(paused=False, start=6)
+        deadline = time.monotonic() + 10
+        while scrubber.report(1, 0).passes < 1:
+            assert time.monotonic() < deadline, "the started pass did not run"
+            time.sleep(0.05)
+        assert scrubber.report(1, 0).chunks_verified == 4
+    finally:
+        stop.set()
+        store.close()
+
+
+def test_a_pass_gives_way_to_busy_clients_but_still_ends(tmp_path, monkeypatch):
+    from emberfs.storageserver import scrub
+
+    monkeypatch.setattr(scrub, "YIELD_MAX", 0.05)
+    store = ChunkStore(tmp_path / "t", direct_io=False)
+    asked = []
+    try:
+        for i in range(3):
+            store.install(4, i, 1, os.urandom(5_000))
+        scrubber = Scrubber(
+            lambda: {1: store},
+            1e9,
+            lambda t, m: None,
+            threading.Event(),
+            busy=lambda: asked.append(time.monotonic()) or True,  # clients never stop
+        )
+        assert scrubber.scrub_pass().chunks == 3
+        assert len(asked) >= 3  # it waited before every chunk
     finally:
         store.close()
 
@@ -113,5 +166,23 @@ def test_rotten_replicas_are_found_and_resynced_while_reads_stay_exact(private_c
                 if line.startswith("emberfs_storage_scrub_damaged_total")
             ]
             assert damaged and sum(float(line.split()[-1]) for line in damaged) >= 1
+        # the admin API shows each rotten target's errors and repairs
+        rotten_targets = {
+            t.target_id
+            for t in cluster.routing().targets
+            if t.data_address in {cluster.storage_address(i) for i in rotten}
+        } & set(before)
+        deadline = time.monotonic() + 30
+        while True:
+            with urllib.request.urlopen(cluster.admin_url + "/api/v1/scrub", timeout=5) as r:
+                shown = {t["id"]: t for t in json.load(r)["targets"]}
+            if all(
+                shown.get(t, {}).get("errors", 0) >= 1 and shown[t]["repairs"] >= 1
+                for t in rotten_targets
+            ):
+                break
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.3)
+        assert all(t["last_full_pass"] > 0 for t in shown.values())
     finally:
         fs.close()

@@ -93,7 +93,18 @@ function drawChains(chains) {
   }));
 }
 
-function drawTargets(targets) {
+function scrubCells(s) {
+  if (!s) return [el("td", { class: "muted" }, "-"), el("td", { class: "muted" }, "-")];
+  const last = s.last_full_pass ? new Date(s.last_full_pass / 1e6).toLocaleString() : "never";
+  const when = el("td", { class: "scrub", "data-last-scrub": s.last_full_pass },
+    s.running ? last + " (scrubbing)" : last);
+  const errors = el("td", { "data-scrub-errors": s.errors },
+    s.errors ? pill(s.errors + " found, " + s.repairs + " repaired", "offline") : "0");
+  return [when, errors];
+}
+
+function drawTargets(targets, scrub) {
+  const byTarget = new Map(scrub.targets.map((s) => [s.id, s]));
   const body = document.querySelector("#targets tbody");
   body.replaceChildren(...targets.map((t) => {
     const pct = t.capacity ? (100 * t.used) / t.capacity : 0;
@@ -103,19 +114,21 @@ function drawTargets(targets) {
     return el("tr", { "data-target": t.id, "data-state": t.state, "data-full": t.full },
       el("td", {}, t.id), el("td", {}, t.node), el("td", {}, t.address), state,
       el("td", {}, t.chain || "-"), el("td", {}, t.chunks),
-      el("td", {}, el("span", { class: "usage" }, bar, bytes(t.used) + " / " + bytes(t.capacity))));
+      el("td", {}, el("span", { class: "usage" }, bar, bytes(t.used) + " / " + bytes(t.capacity))),
+      ...scrubCells(byTarget.get(t.id)));
   }));
 }
 
 async function refresh() {
   const banner = document.getElementById("error");
   try {
-    const [cluster, chains, targets] = await Promise.all([
+    const [cluster, chains, targets, scrub] = await Promise.all([
       getJSON("/api/v1/cluster"), getJSON("/api/v1/chains"), getJSON("/api/v1/targets"),
+      getJSON("/api/v1/scrub"),
     ]);
     drawCluster(cluster);
     drawChains(chains);
-    drawTargets(targets);
+    drawTargets(targets, scrub);
     banner.hidden = true;
     setText("updated", "updated " + new Date().toLocaleTimeString());
   } catch (err) {
