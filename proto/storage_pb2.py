@@ -25,29 +25,31 @@ _sym_db = _symbol_database.Default()
 from emberfs.proto import common_pb2 as emberfs_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65mberfs/proto/storage.proto\x12\x07\x65mberfs\x1a\x1a\x65mberfs/proto/common.proto\"\x86\x01\n\tChunkMeta\x12\r\n\x05inode\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x17\n\x0fpending_version\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\r\x12\x0f\n\x07\x64\x61maged\x18\x07 \x01(\x08\"\x81\x01\n\x11ListChunksRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x66ter_inode\x18\x03 \x01(\x04\x12\x13\n\x0b\x61\x66ter_index\x18\x04 \x01(\r\x12\x11\n\thas_after\x18\x05 \x01(\x08\x12\r\n\x05limit\x18\x06 \x01(\r\"F\n\x12ListChunksResponse\x12\"\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x12.emberfs.ChunkMeta\x12\x0c\n\x04more\x18\x02 \x01(\x08\"Z\n\x13RemoveChunksRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x0f\n\x07indices\x18\x03 \x03(\r\x12\x10\n\x08versions\x18\x04 \x03(\x04\"\'\n\x14RemoveChunksResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x04\"\x14\n\x12TargetStatsRequest\"\x8c\x01\n\nTargetStat\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x10\n\x08\x63hain_id\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x04\x12\x0c\n\x04used\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\x04\x12)\n\x0blocal_state\x18\x06 \x01(\x0e\x32\x14.emberfs.TargetState\"L\n\x13TargetStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x07targets\x18\x02 \x03(\x0b\x32\x13.emberfs.TargetStat2\xee\x01\n\x0eStorageService\x12\x45\n\nListChunks\x12\x1a.emberfs.ListChunksRequest\x1a\x1b.emberfs.ListChunksResponse\x12K\n\x0cRemoveChunks\x12\x1c.emberfs.RemoveChunksRequest\x1a\x1d.emberfs.RemoveChunksResponse\x12H\n\x0bTargetStats\x12\x1b.emberfs.TargetStatsRequest\x1a\x1c.emberfs.TargetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65mberfs/proto/storage.proto\x12\x07\x65mberfs\x1a\x1a\x65mberfs/proto/common.proto\"\x97\x01\n\tChunkMeta\x12\r\n\x05inode\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x17\n\x0fpending_version\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\r\x12\x0f\n\x07\x64\x61maged\x18\x07 \x01(\x08\x12\x0f\n\x07problem\x18\x08 \x01(\t\"\xbb\x01\n\x11ListChunksRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x66ter_inode\x18\x03 \x01(\x04\x12\x13\n\x0b\x61\x66ter_index\x18\x04 \x01(\r\x12\x11\n\thas_after\x18\x05 \x01(\x08\x12\r\n\x05limit\x18\x06 \x01(\r\x12\"\n\x05\x63heck\x18\x07 \x01(\x0e\x32\x13.emberfs.ChunkCheck\x12\x14\n\x0cmark_damaged\x18\x08 \x01(\x08\"F\n\x12ListChunksResponse\x12\"\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x12.emberfs.ChunkMeta\x12\x0c\n\x04more\x18\x02 \x01(\x08\"Z\n\x13RemoveChunksRequest\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\r\n\x05inode\x18\x02 \x01(\x04\x12\x0f\n\x07indices\x18\x03 \x03(\r\x12\x10\n\x08versions\x18\x04 \x03(\x04\"\'\n\x14RemoveChunksResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x04\"\x14\n\x12TargetStatsRequest\"\x8c\x01\n\nTargetStat\x12\x11\n\ttarget_id\x18\x01 \x01(\r\x12\x10\n\x08\x63hain_id\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x04\x12\x0c\n\x04used\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\x04\x12)\n\x0blocal_state\x18\x06 \x01(\x0e\x32\x14.emberfs.TargetState\"L\n\x13TargetStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12$\n\x07targets\x18\x02 \x03(\x0b\x32\x13.emberfs.TargetStat*P\n\nChunkCheck\x12\x14\n\x10\x43HUNK_CHECK_NONE\x10\x00\x12\x14\n\x10\x43HUNK_CHECK_FILE\x10\x01\x12\x16\n\x12\x43HUNK_CHECK_BLOCKS\x10\x02\x32\xee\x01\n\x0eStorageService\x12\x45\n\nListChunks\x12\x1a.emberfs.ListChunksRequest\x1a\x1b.emberfs.ListChunksResponse\x12K\n\x0cRemoveChunks\x12\x1c.emberfs.RemoveChunksRequest\x1a\x1d.emberfs.RemoveChunksResponse\x12H\n\x0bTargetStats\x12\x1b.emberfs.TargetStatsRequest\x1a\x1c.emberfs.TargetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'emberfs.proto.storage_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_CHUNKCHECK']._serialized_start=860
+  _globals['_CHUNKCHECK']._serialized_end=940
   _globals['_CHUNKMETA']._serialized_start=69
-  _globals['_CHUNKMETA']._serialized_end=203
-  _globals['_LISTCHUNKSREQUEST']._serialized_start=206
-  _globals['_LISTCHUNKSREQUEST']._serialized_end=335
-  _globals['_LISTCHUNKSRESPONSE']._serialized_start=337
-  _globals['_LISTCHUNKSRESPONSE']._serialized_end=407
-  _globals['_REMOVECHUNKSREQUEST']._serialized_start=409
-  _globals['_REMOVECHUNKSREQUEST']._serialized_end=499
-  _globals['_REMOVECHUNKSRESPONSE']._serialized_start=501
-  _globals['_REMOVECHUNKSRESPONSE']._serialized_end=540
-  _globals['_TARGETSTATSREQUEST']._serialized_start=542
-  _globals['_TARGETSTATSREQUEST']._serialized_end=562
-  _globals['_TARGETSTAT']._serialized_start=565
-  _globals['_TARGETSTAT']._serialized_end=705
-  _globals['_TARGETSTATSRESPONSE']._serialized_start=707
-  _globals['_TARGETSTATSRESPONSE']._serialized_end=783
-  _globals['_STORAGESERVICE']._serialized_start=786
-  _globals['_STORAGESERVICE']._serialized_end=1024
+  _globals['_CHUNKMETA']._serialized_end=220
+  _globals['_LISTCHUNKSREQUEST']._serialized_start=223
+  _globals['_LISTCHUNKSREQUEST']._serialized_end=410
+  _globals['_LISTCHUNKSRESPONSE']._serialized_start=412
+  _globals['_LISTCHUNKSRESPONSE']._serialized_end=482
+  _globals['_REMOVECHUNKSREQUEST']._serialized_start=484
+  _globals['_REMOVECHUNKSREQUEST']._serialized_end=574
+  _globals['_REMOVECHUNKSRESPONSE']._serialized_start=576
+  _globals['_REMOVECHUNKSRESPONSE']._serialized_end=615
+  _globals['_TARGETSTATSREQUEST']._serialized_start=617
+  _globals['_TARGETSTATSREQUEST']._serialized_end=637
+  _globals['_TARGETSTAT']._serialized_start=640
+  _globals['_TARGETSTAT']._serialized_end=780
+  _globals['_TARGETSTATSRESPONSE']._serialized_start=782
+  _globals['_TARGETSTATSRESPONSE']._serialized_end=858
+  _globals['_STORAGESERVICE']._serialized_start=943
+  _globals['_STORAGESERVICE']._serialized_end=1181
 # @@protoc_insertion_point(module_scope)

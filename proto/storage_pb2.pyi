@@ -1,5 +1,6 @@
 from emberfs.proto import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -7,8 +8,17 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ChunkCheck(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHUNK_CHECK_NONE: _ClassVar[ChunkCheck]
+    CHUNK_CHECK_FILE: _ClassVar[ChunkCheck]
+    CHUNK_CHECK_BLOCKS: _ClassVar[ChunkCheck]
+CHUNK_CHECK_NONE: ChunkCheck
+CHUNK_CHECK_FILE: ChunkCheck
+CHUNK_CHECK_BLOCKS: ChunkCheck
+
 class ChunkMeta(_message.Message):
-    __slots__ = ("inode", "index", "version", "pending_version", "length", "checksum", "damaged")
+    __slots__ = ("inode", "index", "version", "pending_version", "length", "checksum", "damaged", "problem")
     INODE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +26,7 @@ class ChunkMeta(_message.Message):
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
     inode: int
     index: int
     version: int
@@ -23,23 +34,28 @@ class ChunkMeta(_message.Message):
     length: int
     checksum: int
     damaged: bool
-    def __init__(self, inode: _Optional[int] = ..., index: _Optional[int] = ..., version: _Optional[int] = ..., pending_version: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., damaged: _Optional[bool] = ...) -> None: ...
+    problem: str
+    def __init__(self, inode: _Optional[int] = ..., index: _Optional[int] = ..., version: _Optional[int] = ..., pending_version: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., damaged: _Optional[bool] = ..., problem: _Optional[str] = ...) -> None: ...
 
 class ListChunksRequest(_message.Message):
-    __slots__ = ("target_id", "inode", "after_inode", "after_index", "has_after", "limit")
+    __slots__ = ("target_id", "inode", "after_inode", "after_index", "has_after", "limit", "check", "mark_damaged")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     AFTER_INODE_FIELD_NUMBER: _ClassVar[int]
     AFTER_INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_AFTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    MARK_DAMAGED_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     inode: int
     after_inode: int
     after_index: int
     has_after: bool
     limit: int
-    def __init__(self, target_id: _Optional[int] = ..., inode: _Optional[int] = ..., after_inode: _Optional[int] = ..., after_index: _Optional[int] = ..., has_after: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+    check: ChunkCheck
+    mark_damaged: bool
+    def __init__(self, target_id: _Optional[int] = ..., inode: _Optional[int] = ..., after_inode: _Optional[int] = ..., after_index: _Optional[int] = ..., has_after: _Optional[bool] = ..., limit: _Optional[int] = ..., check: _Optional[_Union[ChunkCheck, str]] = ..., mark_damaged: _Optional[bool] = ...) -> None: ...
 
 class ListChunksResponse(_message.Message):
     __slots__ = ("chunks", "more")

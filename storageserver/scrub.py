@@ -22,6 +22,7 @@ progress per target goes back in heartbeats (:meth:`Scrubber.report`).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +61,40 @@ class TargetProgress:
     chunks: int = 0
     errors: int = 0
     passes: int = 0
+
+
+def check_chunk(
+    store: ChunkStore, inode: int, index: int, *, blocks: bool
+) -> tuple[ChunkMeta | None, int, str]:
+    """Check the committed content of one chunk: ``(meta, bytes read, problem)``.
+
+    ``blocks`` reads the file and checks every block against its stored
+    CRC32C; otherwise only that the file opens and is long enough. The
+    problem is "" when there is none; ``meta`` is None when the chunk has no
+    committed, undamaged version (nothing to check).
+    """
+    try:
+        with store.committed_file(inode, index) as (fd, committed):
+            try:
+                if not blocks:
+                    size = os.fstat(fd).st_size
+                    if size < committed.length:
+                        return committed, 0, f"its file holds {size} of {committed.length} bytes"
+                    return committed, 0, ""
+                data = pread_all(fd, 0, committed.length)
+                framing.verify(data, committed.crcs, store.block_size)
+                return committed, committed.length, ""
+            except framing.FrameError as exc:
+                return committed, committed.length, f"block CRC32C mismatch: {exc}"
+            except OSError as exc:
+                return committed, 0, f"unreadable: {exc}"
+    except KeyError:
+        return None, 0, ""
+    except OSError as exc:  # the file is gone or cannot be opened
+        meta = store.meta(inode, index)
+        if meta is None or not meta.version or meta.damaged:
+            return None, 0, ""
+        return meta, 0, f"its file cannot be opened: {exc}"
 
 
 class Scrubber:
@@ -216,22 +251,13 @@ class Scrubber:
         """Check one chunk; bytes read."""
         if meta.damaged or not meta.version:
             return 0
-        try:
-            with store.committed_file(meta.inode, meta.index) as (fd, committed):
-                try:
-                    data = pread_all(fd, 0, committed.length)
-                    framing.verify(data, committed.crcs, store.block_size)
-                    bad, why = False, ""
-                except framing.FrameError as exc:
-                    bad, why = True, f"block CRC32C mismatch: {exc}"
-                except OSError as exc:
-                    bad, why = True, f"unreadable: {exc}"
-        except KeyError:
+        committed, read, why = check_chunk(store, meta.inode, meta.index, blocks=True)
+        if committed is None:
             return 0  # removed, or damaged, since it was listed
         stats.chunks += 1
-        metrics.SCRUB_BYTES.labels(str(target_id)).inc(committed.length)
-        if not bad:
-            return committed.length
+        metrics.SCRUB_BYTES.labels(str(target_id)).inc(read)
+        if not why:
+            return read
         if store.mark_damaged(committed.inode, committed.index, committed.version):
             stats.damaged += 1
             with self._lock:
@@ -246,4 +272,4 @@ class Scrubber:
                 why,
             )
             self.on_damaged(target_id, committed)
-        return committed.length
+        return read

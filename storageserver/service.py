@@ -16,6 +16,7 @@ from emberfs.common import errors
 from emberfs.proto import common_pb2, storage_pb2, storage_pb2_grpc
 from emberfs.storageserver.chunkrecords import MAX_INDEX, MAX_INODE
 from emberfs.storageserver.chunkstore import ChunkStore
+from emberfs.storageserver.scrub import check_chunk
 
 log = logging.getLogger(__name__)
 
@@ -81,25 +82,40 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 if not 1 <= request.after_inode <= MAX_INODE:
                     raise errors.InvalidArgument("after_inode must be at least 1")
                 after = (request.after_inode, request.after_index)
+            if request.check not in storage_pb2.ChunkCheck.values():
+                raise errors.InvalidArgument(f"unknown chunk check {request.check}")
             metas = store.list(inode=request.inode, after=after, limit=limit + 1)
             more = len(metas) > limit
-            return storage_pb2.ListChunksResponse(
-                chunks=[
-                    storage_pb2.ChunkMeta(
-                        inode=m.inode,
-                        index=m.index,
-                        version=m.version,
-                        pending_version=m.pending_version,
-                        length=m.length,
-                        checksum=m.checksum,
-                        damaged=m.damaged,
-                    )
-                    for m in metas[:limit]
-                ],
-                more=more,
-            )
+            out = storage_pb2.ListChunksResponse(more=more)
+            for m in metas[:limit]:
+                problem = ""
+                if request.check and m.version and not m.damaged:
+                    m, problem = self._check(store, m, request)
+                out.chunks.add(
+                    inode=m.inode,
+                    index=m.index,
+                    version=m.version,
+                    pending_version=m.pending_version,
+                    length=m.length,
+                    checksum=m.checksum,
+                    damaged=m.damaged,
+                    problem=problem,
+                )
+            return out
 
         return self._call(context, run)
+
+    @staticmethod
+    def _check(store, meta, request) -> tuple:
+        """Check one listed chunk as ``request`` asks; ``(meta now, problem)``."""
+        blocks = request.check == storage_pb2.CHUNK_CHECK_BLOCKS
+        committed, _, problem = check_chunk(store, meta.inode, meta.index, blocks=blocks)
+        if committed is None:  # changed since it was listed
+            return store.meta(meta.inode, meta.index) or meta, ""
+        if problem and request.mark_damaged:
+            store.mark_damaged(committed.inode, committed.index, committed.version)
+            committed = store.meta(meta.inode, meta.index) or committed
+        return committed, problem
 
     def RemoveChunks(self, request, context):
         def run():

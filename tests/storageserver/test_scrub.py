@@ -16,7 +16,7 @@ import pytest
 
 from emberfs.client.fs import EmberFileSystem
 from emberfs.storageserver.chunkstore import ChunkStore
-from emberfs.storageserver.scrub import Scrubber
+from emberfs.storageserver.scrub import Scrubber, check_chunk
 from tests.client.test_lost_data import chunk_metas
 
 MiB = 1024 * 1024
@@ -68,6 +68,26 @@ def test_one_pass_marks_a_rotten_chunk_damaged_and_reports_it(tmp_path):
         assert (report.passes, report.errors, report.repairs) == (2, 1, 1)
         assert (report.chunks_verified, report.bytes_verified) == (1, 300_000)  # the last pass
         assert not report.running and report.last_pass_ended_ns >= report.pass_started_ns > 0
+    finally:
+        store.close()
+
+
+def test_a_chunk_whose_file_is_gone_is_marked_damaged_and_the_pass_goes_on(tmp_path):
+    store = ChunkStore(tmp_path / "t", direct_io=False)
+    try:
+        store.install(3, 0, 2, os.urandom(50_000))
+        store.install(3, 1, 2, os.urandom(50_000))
+        chunk_file(tmp_path / "t", 3, 0).unlink()
+        committed, _, problem = check_chunk(store, 3, 0, blocks=False)
+        assert committed.version == 2 and "cannot be opened" in problem
+        assert check_chunk(store, 3, 1, blocks=False)[2] == ""
+        reported = []
+        scrubber = Scrubber(
+            lambda: {1: store}, 1e9, lambda t, m: reported.append(m.index), threading.Event()
+        )
+        stats = scrubber.scrub_pass()
+        assert (stats.chunks, stats.damaged, reported) == (2, 1, [0])
+        assert store.meta(3, 0).damaged and not store.meta(3, 1).damaged
     finally:
         store.close()
 
