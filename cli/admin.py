@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
@@ -96,6 +97,25 @@ class AdminClient:
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
+
+    def stream(self, method: str, path: str, timeout: float | None = None) -> Iterator[Any]:
+        """Send one request whose answer is JSON lines; each decoded line as it arrives."""
+        headers = {"Accept": "application/x-ndjson"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.base_url + path, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                for line in resp:
+                    if line.strip():
+                        yield json.loads(line)
+        except urllib.error.HTTPError as exc:
+            raise AdminError(f"{exc.code} {_detail(exc)}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise AdminError(f"cannot reach the admin API at {self.base_url}: {reason}") from None
+        except ValueError:
+            raise AdminError(f"{self.base_url}{path} did not answer JSON lines") from None
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body)

@@ -6,9 +6,11 @@
 
 * ``/healthz``, ``/readyz``: probes;
 * ``/api/v1/cluster``, ``/nodes``, ``/targets[/{id}]``, ``/chains[/{id}]``,
-  ``/sessions``, ``/gc``, ``/layouts``, ``/scrub``: read the cluster (no token needed);
+  ``/sessions``, ``/gc``, ``/layouts``, ``/scrub``, ``/fsck``: read the cluster (no token
+  needed);
 * ``POST /api/v1/targets/{id}/offline``, ``POST /api/v1/targets/{id}/drain``,
-  ``POST /api/v1/gc/run``, ``PUT /api/v1/layouts``, ``POST /api/v1/scrub/start|pause``:
+  ``POST /api/v1/gc/run``, ``PUT /api/v1/layouts``, ``POST /api/v1/scrub/start|pause``,
+  ``POST /api/v1/fsck/repair``:
   steer it, with
   ``Authorization: Bearer <admin token>``;
 * ``/metrics`` (Prometheus), ``/docs`` and ``/openapi.json``, and the
@@ -33,6 +35,7 @@ from emberfs.common import errors
 from emberfs.common.version import __version__
 from emberfs.metaserver.api.routers import chains as _chains
 from emberfs.metaserver.api.routers import cluster as _cluster
+from emberfs.metaserver.api.routers import fsck as _fsck
 from emberfs.metaserver.api.routers import gc as _gc
 from emberfs.metaserver.api.routers import health as _health
 from emberfs.metaserver.api.routers import layouts as _layouts
@@ -42,11 +45,24 @@ from emberfs.metaserver.api.routers import scrub as _scrub
 from emberfs.metaserver.api.routers import sessions as _sessions
 from emberfs.metaserver.api.routers import targets as _targets
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.fsck import Fsck
 from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.metrics import registry_for
 
 STATIC_DIR = Path(__file__).parent / "static"
-ROUTERS = (_health, _cluster, _nodes, _targets, _chains, _sessions, _gc, _scrub, _layouts, _metrics)
+ROUTERS = (
+    _health,
+    _cluster,
+    _nodes,
+    _targets,
+    _chains,
+    _sessions,
+    _gc,
+    _scrub,
+    _fsck,
+    _layouts,
+    _metrics,
+)
 """The router modules, in the order the app includes them."""
 
 _STATUS_OF_ERROR: list[tuple[type[errors.EmberError], int]] = [
@@ -110,6 +126,12 @@ def create_app(
     app.state.cluster = cluster
     app.state.gc = gc
     app.state.namespace = namespace
+    app.state.fsck = Fsck(
+        cluster.engine,
+        cluster,
+        queued=gc.queued,
+        pending_cuts=namespace.cuts if namespace is not None else None,
+    )
     app.state.admin_token = admin_token or None
     app.state.registry = registry_for(cluster, gc, namespace)
 

@@ -271,7 +271,7 @@ def full_app(four_nodes):
     namespace = Namespace(engine, chain_table=cm.chain_table)
 
     def make(token: str | None = TOKEN):
-        return create_app(cm, namespace, admin_token=token)
+        return create_app(cm, GCQueue(cm), namespace, admin_token=token)
 
     return cm, engine, make
 
