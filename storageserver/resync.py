@@ -20,6 +20,7 @@ it raises and the caller retries later.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import secrets
@@ -216,6 +217,39 @@ def sync_successor(
                     timeout=RPC_TIMEOUT,
                 )
                 counts["removed"] += resp.removed
+                if resp.removed < len(indices):
+                    counts["removed"] += remove_changed(inode, indices)
+
+        def remove_changed(inode: int, indices: list[int]) -> int:
+            """Remove the chunks of ``inode`` that changed on the successor since it listed them.
+
+            Every update of a chunk reaches the successor through this replica,
+            which holds the chunk from before it forwards the update until it
+            commits or aborts it. So while the chunk is held here and has no record,
+            no update of it is in flight, and what the successor holds of it
+            (another version, or one pending: a stray) goes whatever its version.
+            """
+            with contextlib.ExitStack() as held:
+                for index in indices:
+                    held.enter_context(hold(inode, index))
+                gone = [i for i in indices if store.meta(inode, i) is None]
+                if not gone:
+                    return 0
+                resp = stub.RemoveChunks(
+                    storage_pb2.RemoveChunksRequest(
+                        target_id=successor_target_id, inode=inode, indices=gone
+                    ),
+                    timeout=RPC_TIMEOUT,
+                )
+            if resp.removed:
+                log.warning(
+                    "resync of target %d: %d chunk(s) of inode %d changed there since they "
+                    "were listed, and went all the same",
+                    successor_target_id,
+                    resp.removed,
+                    inode,
+                )
+            return resp.removed
 
         def sync_chunk(inode: int, index: int, theirs: storage_pb2.ChunkMeta | None) -> None:
             """Bring one chunk of the successor in line with the local one (held)."""

@@ -190,6 +190,21 @@ def test_sync_copies_and_removes(pair):
 
 
 @pytest.mark.timeout(60)
+def test_a_chunk_the_source_lacks_goes_even_if_it_changed_on_the_successor(pair):
+    """A stray update staged on the successor (its sender gave up, or it arrived late) made the
+    version-checked removal keep a chunk of a removed file there for good."""
+    pred, succ, grpc_address, start = pair
+    put(pred, 1, 0, 2, b"kept")
+    put(succ, 1, 0, 2, b"kept")
+    put(succ, 5, 0, 1, b"a removed file's chunk")
+    succ.stage(5, 0, 2, 0, b"a stray update of it", chunk_size=CS)
+    target = start()
+    counts = run(pred, grpc_address, target)
+    assert counts["removed"] == 1
+    assert succ.meta(5, 0) is None and committed(succ) == committed(pred)
+
+
+@pytest.mark.timeout(60)
 def test_sync_reconnects_when_the_server_closes(pair):
     pred, succ, grpc_address, start = pair
     populate(pred, succ)
