@@ -21,7 +21,8 @@ It keeps in memory three compact arrays of the inode ids, link counts and
 types (about 13 bytes an inode), the directories' names (to print paths), and
 the chunks of one inode at a time; the findings are few. Files that change
 while it runs can show passing differences (a write between two replicas'
-lists): findings are checked again before a repair acts on them.
+lists): chunks with an update pending are skipped, and repairing a difference
+that has passed costs a needless resync, which keeps every chunk that matches.
 
 With ``repair`` it fixes what it can: a replica that lacks, lost or holds
 other bytes is marked damaged where its file is bad and its target is resynced
