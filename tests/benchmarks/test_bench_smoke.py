@@ -477,3 +477,15 @@ def test_meta_longlived_smoke():
     doc = json.loads(r.stdout)
     assert len(doc["create_us"]) == 2 and all(us > 0 for us in doc["create_us"])
     assert doc["last_vs_first"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_integrity_benchmarks_run_small():
+    argv = [sys.executable, "-m", "benchmarks.integrity"]
+    speed = json.loads(_run(argv + ["scrub-speed", "--chunks", "4"], 120).stdout)
+    assert speed["bytes"] == 4 * (4 << 20) and speed["scrub_gb_s"] > 0
+    scale = json.loads(
+        _run(argv + ["fsck-scale", "--files", "1500", "--data-files", "50"], 240).stdout
+    )
+    assert scale["summary"]["clean"] and scale["summary"]["files"] == 1500
+    assert scale["summary"]["chunks"] == 50 and scale["summary"]["replicas"] == 150
