@@ -92,6 +92,25 @@ SCRUB_DAMAGED = Counter(
     ["target"],
     registry=REGISTRY,
 )
+SCRUB_PASS_START = Gauge(
+    "emberfs_storage_scrub_pass_start_seconds",
+    "When the scrubber's pass under way (or its last) began on the target, Unix time.",
+    ["target"],
+    registry=REGISTRY,
+)
+SCRUB_PASS_END = Gauge(
+    "emberfs_storage_scrub_last_full_pass_seconds",
+    "When the scrubber last finished a pass over the whole target, Unix time.",
+    ["target"],
+    registry=REGISTRY,
+)
+SCRUB_REPAIRED = Gauge(
+    "emberfs_storage_scrub_repaired",
+    "Damaged chunks of the target that a whole copy (a resync) made whole again since the "
+    "server started.",
+    ["target"],
+    registry=REGISTRY,
+)
 RESYNC_CHUNKS = Counter(
     "emberfs_storage_resync_chunks",
     "Chunks a resync copied to or removed from a syncing successor, by chain.",

@@ -150,6 +150,7 @@ class Scrubber:
 
     def report(self, target_id: int, repairs: int) -> cluster_pb2.ScrubReport:
         """The progress on ``target_id`` for a heartbeat; ``repairs`` as its store counts them."""
+        metrics.SCRUB_REPAIRED.labels(str(target_id)).set(repairs)
         with self._lock:
             p = self._progress.get(target_id) or TargetProgress()
             return cluster_pb2.ScrubReport(
@@ -208,7 +209,9 @@ class Scrubber:
         """One pass over every committed chunk of every target; its figures."""
         stats = PassStats()
         for target_id, store in sorted(self.stores().items()):
-            self._update(target_id, running=True, pass_started_ns=time.time_ns(), bytes=0, chunks=0)
+            started = time.time_ns()
+            self._update(target_id, running=True, pass_started_ns=started, bytes=0, chunks=0)
+            metrics.SCRUB_PASS_START.labels(str(target_id)).set(started / 1e9)
             walked = self._scrub_target(target_id, store, stats)
             with self._lock:
                 p = self._progress[target_id]
@@ -216,6 +219,7 @@ class Scrubber:
                 if walked:
                     p.last_pass_ended_ns = time.time_ns()
                     p.passes += 1
+                    metrics.SCRUB_PASS_END.labels(str(target_id)).set(p.last_pass_ended_ns / 1e9)
             if not walked:
                 return stats
         log.info(

@@ -186,6 +186,12 @@ def test_rotten_replicas_are_found_and_resynced_while_reads_stay_exact(private_c
                 if line.startswith("emberfs_storage_scrub_damaged_total")
             ]
             assert damaged and sum(float(line.split()[-1]) for line in damaged) >= 1
+            for name in (
+                "emberfs_storage_scrub_pass_start_seconds",
+                "emberfs_storage_scrub_last_full_pass_seconds",
+                "emberfs_storage_scrub_repaired",
+            ):
+                assert any(line.startswith(name + "{") for line in text.splitlines()), name
         # the admin API shows each rotten target's errors and repairs
         rotten_targets = {
             t.target_id
