@@ -35,6 +35,7 @@ from emberfs.proto import common_pb2
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL = 2.0  # seconds between two passes over the pending cuts
+LOCK_STRIPES = 64  # inodes are finished under one of this many locks
 
 TruncateChunks = Callable[[common_pb2.InodeAttr, int, int], None]
 
@@ -90,13 +91,21 @@ class PendingCuts:
     def __init__(self, engine: KVEngine, truncate_chunks: TruncateChunks) -> None:
         self._engine = engine
         self._truncate_chunks = truncate_chunks
+        self._locks = [threading.Lock() for _ in range(LOCK_STRIPES)]
 
     def finish(self, inode: int) -> bool:
         """Cut the chunks of ``inode`` if a cut is pending; True when there was one.
 
+        One finish of an inode runs at a time (the operation's own, the sweep's),
+        and each reads the record once it holds the inode: a cut that another
+        finished is not sent again, where it could reach the replicas after the
+        file was removed and bring back a chunk the GC queue had taken.
         Raises what ``truncate_chunks`` raises (the record then stays).
         """
+        with self._locks[inode % LOCK_STRIPES]:
+            return self._finish(inode)
 
+    def _finish(self, inode: int) -> bool:
         def read(txn: Transaction):
             raw = txn.get(keys.inode_key(inode))
             return get(txn, inode), None if raw is None else records.decode_inode(raw)

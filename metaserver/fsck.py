@@ -21,8 +21,10 @@ It keeps in memory three compact arrays of the inode ids, link counts and
 types (about 13 bytes an inode), the directories' names (to print paths), and
 the chunks of one inode at a time; the findings are few. Files that change
 while it runs can show passing differences (a write between two replicas'
-lists): chunks with an update pending are skipped, and repairing a difference
-that has passed costs a needless resync, which keeps every chunk that matches.
+lists, a collection after a list): a chunk found wrong is listed again and
+judged with the file as it is then, orphans are listed again once their GC item
+is found gone, chunks with an update pending are skipped, and bytes past the
+length of a file open for writing are not counted.
 
 With ``repair`` it fixes what it can: a replica that lacks, lost or holds
 other bytes is marked damaged where its file is bad and its target is resynced
@@ -243,6 +245,8 @@ class Fsck:
             entry = records.decode_dentry(raw)
             pos = inodes.find(entry.inode)
             if pos < 0:
+                if self.engine.get(keys.inode_key(entry.inode)) is not None:
+                    continue  # created after the inodes were read
                 yield Finding(
                     "dangling_entry",
                     entry.inode,
@@ -265,10 +269,11 @@ class Fsck:
             n, nlink, kind = named[pos], inodes.nlinks[pos], inodes.types[pos]
             if kind == common_pb2.DIRECTORY:
                 want = 0 if inode == records.ROOT_INODE else 1
-                if n != want:
-                    what = "unreachable_inode" if n == 0 else "wrong_link_count"
-                    yield Finding(what, inode, detail=f"a directory named by {n} entries")
-            elif n != nlink:
+                if n == want or not self._unchanged(inode, nlink):
+                    continue  # fine, or removed while this ran
+                what = "unreachable_inode" if n == 0 else "wrong_link_count"
+                yield Finding(what, inode, detail=f"a directory named by {n} entries")
+            elif n != nlink and self._unchanged(inode, nlink):  # not linked or removed meanwhile
                 if n == 0:
                     yield Finding("unreachable_inode", inode, detail=f"link count {nlink}")
                 else:
@@ -278,6 +283,11 @@ class Fsck:
                         inode,
                         detail=f"link count {nlink}, named by {n} entries",
                     )
+
+    def _unchanged(self, inode: int, nlink: int) -> bool:
+        """The inode still exists with the link count read at the start."""
+        raw = self.engine.get(keys.inode_key(inode))
+        return raw is not None and records.decode_inode(raw).nlink == nlink
 
     # ------------------------------------------------------------------ pass 2: the chunks
 
@@ -314,6 +324,7 @@ class Fsck:
         serving = [t for t in routing.targets.values() if t.serving]
         self.stats_skipped = {t.target_id for t in routing.targets.values() if not t.serving}
         check = storage_pb2.CHUNK_CHECK_BLOCKS if deep else storage_pb2.CHUNK_CHECK_FILE
+        self.check, self.mark = check, repair
         merged = heapq.merge(*(self._list(t, check, repair) for t in serving))
         groups = itertools.groupby(merged, key=lambda item: item[0])
         files = (
@@ -348,13 +359,22 @@ class Fsck:
             return
         if self.engine.get(keys.gc_key(inode)) is not None:
             return  # removed: its GC item is on the way
-        holders = sorted({t for replicas in chunks.values() for t in replicas})
-        yield Finding(
-            "orphan_chunk",
-            inode,
-            targets=holders,
-            detail=f"{len(chunks)} chunk(s) of inode {inode}, which no file owns",
-        )
+        # No GC item now: every replica that had to drop the chunks did before now. Those
+        # still there are left over (a target's list may predate its collection).
+        left = {}
+        for t in sorted({t for replicas in chunks.values() for t in replicas}):
+            target = self.routing.targets.get(t)
+            if target is not None:
+                n = sum(1 for m in self._list_inode(target, inode) if m.inode == inode)
+                if n:
+                    left[t] = n
+        if left:
+            yield Finding(
+                "orphan_chunk",
+                inode,
+                targets=sorted(left),
+                detail=f"{max(left.values())} chunk(s) of inode {inode}, which no file owns",
+            )
 
     def _check_file(self, inode: int, chunks: dict) -> Iterator[Finding]:
         raw = self.engine.get(keys.inode_key(inode))
@@ -369,21 +389,78 @@ class Fsck:
         layout, size = attr.layout, attr.size
         if not layout.chunk_size or not layout.chains:
             return
-        holes = extents.holes_of(attr)
-        cut_pending = self.engine.get(keys.cut_key(inode)) is not None
         count = -(-size // layout.chunk_size)
         for index in sorted(set(range(count)) | set(chunks)):
-            start = index * layout.chunk_size
-            need = max(0, extents.data_end(holes, size, start, start + layout.chunk_size) - start)
-            allowed = max(0, min(layout.chunk_size, size - start))
             chain = self.routing.chains.get(chunk_chain(list(layout.chains), index))
             if chain is None:
                 continue
-            members = [t.target_id for t in chain.serving]
-            replicas = chunks.get(index, {})
-            yield from self._check_chunk(
-                inode, index, need, allowed, members, replicas, cut_pending
+            found = self._judge(attr, index, chain.serving, chunks.get(index, {}))
+            if found:  # the lists were taken at different times: look again at this chunk
+                raw = self.engine.get(keys.inode_key(inode))
+                if raw is None:
+                    continue  # removed meanwhile: its GC item takes the chunks
+                now = {
+                    t.target_id: m for t in chain.serving if (m := self._list_one(t, inode, index))
+                }
+                found = self._judge(records.decode_inode(raw), index, chain.serving, now)
+            yield from found
+
+    def _judge(
+        self, attr: common_pb2.InodeAttr, index: int, serving, replicas: dict
+    ) -> list[Finding]:
+        """The findings on chunk ``index`` of the file ``attr`` given what its replicas hold."""
+        chunk_size, size = attr.layout.chunk_size, attr.size
+        start = index * chunk_size
+        need = max(
+            0, extents.data_end(extents.holes_of(attr), size, start, start + chunk_size) - start
+        )
+        allowed = max(0, min(chunk_size, size - start))
+        # bytes past the length wait for their cut, or are a writer's not yet closed
+        past_end_expected = self.engine.get(keys.cut_key(attr.inode)) is not None or any(
+            keys.is_session_key(k)
+            for k, _ in self.engine.scan_prefix(keys.session_prefix(attr.inode))
+        )
+        members = [t.target_id for t in serving]
+        return list(
+            self._check_chunk(
+                attr.inode, index, need, allowed, members, replicas, past_end_expected
             )
+        )
+
+    def _list_inode(self, target: TargetView, inode: int) -> list:
+        """The chunks of ``inode`` on ``target`` now (up to a page)."""
+        req = storage_pb2.ListChunksRequest(
+            target_id=target.target_id, inode=inode, limit=LIST_PAGE
+        )
+        return list(self._ask(target, req).chunks)
+
+    def _ask(self, target: TargetView, req) -> storage_pb2.ListChunksResponse:
+        try:
+            with grpc.insecure_channel(target.grpc_address) as channel:
+                return storage_pb2_grpc.StorageServiceStub(channel).ListChunks(
+                    req, timeout=LIST_TIMEOUT
+                )
+        except grpc.RpcError as exc:
+            raise FsckError(
+                f"target {target.target_id} ({target.grpc_address}) did not list chunks of "
+                f"inode {req.inode}: {exc.code().name}: {exc.details()}"
+            ) from None
+
+    def _list_one(self, target: TargetView, inode: int, index: int):
+        """Chunk ``index`` of ``inode`` on ``target`` now, checked as the pass checks (None: absent)."""
+        req = storage_pb2.ListChunksRequest(
+            target_id=target.target_id,
+            inode=inode,
+            limit=1,
+            check=self.check,
+            mark_damaged=self.mark,
+        )
+        if index:
+            req.has_after, req.after_inode, req.after_index = True, inode, index - 1
+        for chunk in self._ask(target, req).chunks:
+            if (chunk.inode, chunk.index) == (inode, index):
+                return chunk
+        return None
 
     def _check_chunk(
         self,
@@ -393,7 +470,7 @@ class Fsck:
         allowed: int,
         members: list[int],
         replicas: dict[int, storage_pb2.ChunkMeta],
-        cut_pending: bool,
+        past_end_expected: bool,
     ) -> Iterator[Finding]:
         if any(m.pending_version for m in replicas.values()):
             return  # an update is passing down the chain: not settled
@@ -442,8 +519,8 @@ class Fsck:
                     for t in holders
                 ),
             )
-        if cut_pending:
-            return  # bytes past the length wait for their cut
+        if past_end_expected:
+            return  # bytes past the length wait for their cut, or for a writer's close
         long = [t for t in members if t in replicas and replicas[t].length > allowed]
         if long:
             yield Finding(

@@ -161,3 +161,46 @@ def test_namespace_damage_and_orphan_chunks_are_found_and_repaired(private_clust
         assert fs.info("/kept.bin")["nlink"] == 1
     finally:
         fs.close()
+
+
+def test_a_busy_cluster_checks_clean(private_cluster):
+    """Files written, cut and removed while fsck runs show no damage (no false positives)."""
+    import random
+    import threading
+
+    c = quiet_cluster(private_cluster)
+    fs = EmberFileSystem(c.meta_address, skip_instance_cache=True)
+    stop = threading.Event()
+    errors_seen: list[BaseException] = []
+
+    def churn() -> None:
+        rng = random.Random(5)
+        n = 0
+        try:
+            while not stop.is_set():
+                path = f"/busy/f{rng.randrange(40)}"
+                what = rng.random()
+                if what < 0.5:
+                    fs.pipe_file(path, os.urandom(rng.randrange(1, 3 * MiB)))
+                elif what < 0.7 and fs.exists(path):
+                    fs.truncate(path, rng.randrange(0, 2 * MiB))
+                elif fs.exists(path):
+                    fs.rm(path)
+                n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors_seen.append(exc)
+
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        for _ in range(4):
+            rc, report = fsck(c)
+            assert rc == 0, report
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        writer.join(60)
+        fs.close()
+    assert not errors_seen, errors_seen
+    rc, report = fsck(c, "--deep")
+    assert rc == 0 and report["summary"]["files"] >= 1, report
