@@ -20,6 +20,7 @@ usage errors).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -74,7 +75,36 @@ class AdminClient:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """Send one request; the decoded JSON answer, or :class:`AdminError`."""
-        headers = {"Accept": "application/json"}
+        with self._open(method, path, body, "application/json", self.timeout) as resp:
+            try:
+                return json.loads(resp.read() or b"null")
+            except ValueError:
+                raise AdminError(f"{self.base_url}{path} did not answer JSON") from None
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, body)
+
+    def stream(self, method: str, path: str, timeout: float | None = None) -> Iterator[Any]:
+        """Send one request whose answer is JSON lines; each decoded line as it arrives."""
+        with self._open(
+            method, path, None, "application/x-ndjson", timeout or self.timeout
+        ) as resp:
+            try:
+                for line in resp:
+                    if line.strip():
+                        yield json.loads(line)
+            except ValueError:
+                raise AdminError(f"{self.base_url}{path} did not answer JSON lines") from None
+            except OSError as exc:
+                raise AdminError(f"the admin API at {self.base_url} broke off: {exc}") from None
+
+    @contextlib.contextmanager
+    def _open(self, method: str, path: str, body: Any, accept: str, timeout: float):
+        """The open answer to one request; :class:`AdminError` when there is none."""
+        headers = {"Accept": accept}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -85,40 +115,28 @@ class AdminClient:
             self.base_url + path, data=data, headers=headers, method=method
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read() or b"null")
+            resp = urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError as exc:
             raise AdminError(f"{exc.code} {_detail(exc)}") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise AdminError(f"cannot reach the admin API at {self.base_url}: {reason}") from None
-        except ValueError:
-            raise AdminError(f"{self.base_url}{path} did not answer JSON") from None
+        with resp:
+            yield resp
 
-    def get(self, path: str) -> Any:
-        return self.request("GET", path)
 
-    def stream(self, method: str, path: str, timeout: float | None = None) -> Iterator[Any]:
-        """Send one request whose answer is JSON lines; each decoded line as it arrives."""
-        headers = {"Accept": "application/x-ndjson"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.base_url + path, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                for line in resp:
-                    if line.strip():
-                        yield json.loads(line)
-        except urllib.error.HTTPError as exc:
-            raise AdminError(f"{exc.code} {_detail(exc)}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise AdminError(f"cannot reach the admin API at {self.base_url}: {reason}") from None
-        except ValueError:
-            raise AdminError(f"{self.base_url}{path} did not answer JSON lines") from None
-
-    def post(self, path: str, body: Any = None) -> Any:
-        return self.request("POST", path, body)
+def add_api_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
+    """``--admin`` and ``--token``, with their environment defaults."""
+    p.add_argument(
+        "--admin",
+        default=os.environ.get("EMBERFS_ADMIN", DEFAULT_ADMIN),
+        help=f"admin API URL (default: $EMBERFS_ADMIN or {DEFAULT_ADMIN})",
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get("EMBERFS_ADMIN_TOKEN"),
+        help=f"admin token {token_help} (default: $EMBERFS_ADMIN_TOKEN)",
+    )
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:
@@ -301,16 +319,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="emberfs admin", description="Show and steer an EmberFS cluster (admin REST API)."
     )
-    p.add_argument(
-        "--admin",
-        default=os.environ.get("EMBERFS_ADMIN", DEFAULT_ADMIN),
-        help=f"admin API URL (default: $EMBERFS_ADMIN or {DEFAULT_ADMIN})",
-    )
-    p.add_argument(
-        "--token",
-        default=os.environ.get("EMBERFS_ADMIN_TOKEN"),
-        help="admin token for steering (default: $EMBERFS_ADMIN_TOKEN)",
-    )
+    add_api_arguments(p, "for steering")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of tables")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("status", help="cluster summary")

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 
-from emberfs.cli.admin import DEFAULT_ADMIN, AdminClient, AdminError
+from emberfs.cli.admin import AdminClient, AdminError, add_api_arguments
 
 TIMEOUT = 3600.0  # seconds the answer may take in all (a deep check reads every replica)
 
@@ -32,16 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="emberfs fsck", description="Check an EmberFS cluster's namespace and chunks."
     )
-    p.add_argument(
-        "--admin",
-        default=os.environ.get("EMBERFS_ADMIN", DEFAULT_ADMIN),
-        help=f"admin API URL (default: $EMBERFS_ADMIN or {DEFAULT_ADMIN})",
-    )
-    p.add_argument(
-        "--token",
-        default=os.environ.get("EMBERFS_ADMIN_TOKEN"),
-        help="admin token, for --repair (default: $EMBERFS_ADMIN_TOKEN)",
-    )
+    add_api_arguments(p, "for --repair")
     p.add_argument(
         "--deep", action="store_true", help="read and check every block of every replica"
     )

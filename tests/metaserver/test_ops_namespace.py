@@ -318,21 +318,28 @@ def test_truncate_shrink_has_storage_cut_once_the_length_is_committed():
         ns.truncate(meta_pb2.TruncateRequest(path="/f", length=1 << 63))
 
 
+class Storage:
+    """Chunk cuts that fail until ``up``; each call is kept as ``(length, request id)``."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.calls: list[tuple[int, int]] = []
+
+    def cut(self, attr, length: int, request_id: int) -> None:
+        self.calls.append((length, request_id))
+        if not self.up:
+            raise errors.Unavailable("chain down")
+
+
 def test_a_cut_storage_could_not_make_keeps_the_new_length_and_blocks_growth_until_done():
     """A shrink commits its length with the cut; the cut is finished before the file may grow.
 
     Without the pending cut, a cut that landed on storage after the metaserver
     stopped waiting left the file its old length over chunks already cut.
     """
-    storage = {"up": False}
-    calls = []
-
-    def cut(attr, length, request_id):
-        calls.append((length, request_id))
-        if not storage["up"]:
-            raise errors.Unavailable("chain down")
-
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
+    storage = Storage()
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=storage.cut)
+    calls = storage.calls
     ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
     shrink = meta_pb2.TruncateRequest(
@@ -350,7 +357,7 @@ def test_a_cut_storage_could_not_make_keeps_the_new_length_and_blocks_growth_unt
     assert stat(ns, "/f").size == 5 and ns.sessions() == []
     assert ns.cuts.finish_all() == 0 and ns.cuts.pending() == [inode]
 
-    storage["up"] = True
+    storage.up = True
     assert ns.truncate(shrink).attr.size == 5  # the client's retry, answered once cut
     assert ns.cuts.pending() == []
     assert {length for length, _ in calls} == {5} and len({r for _, r in calls}) == 1
@@ -358,15 +365,9 @@ def test_a_cut_storage_could_not_make_keeps_the_new_length_and_blocks_growth_unt
 
 
 def test_pending_cuts_are_finished_by_the_sweep_and_replaced_by_a_later_shrink():
-    storage = {"up": False}
-    calls = []
-
-    def cut(attr, length, request_id):
-        calls.append((length, request_id))
-        if not storage["up"]:
-            raise errors.Unavailable("chain down")
-
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
+    storage = Storage()
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=storage.cut)
+    calls = storage.calls
     ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
     for length in (60, 30):
@@ -377,7 +378,7 @@ def test_pending_cuts_are_finished_by_the_sweep_and_replaced_by_a_later_shrink()
     assert stat(ns, "/f").size == 0
     assert [length for length, _ in calls] == [60, 30, 0]
     assert len({r for _, r in calls}) == 3  # each cut its own request
-    storage["up"] = True
+    storage.up = True
     assert ns.cuts.finish_all() == 1
     assert calls[-1] == (0, calls[-2][1]) and ns.cuts.pending() == []
     ns.remove(meta_pb2.RemoveRequest(path="/f"))
@@ -385,10 +386,7 @@ def test_pending_cuts_are_finished_by_the_sweep_and_replaced_by_a_later_shrink()
 
 
 def test_a_removed_file_takes_its_pending_cut_with_it():
-    def cut(attr, length, request_id):
-        raise errors.Unavailable("chain down")
-
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
+    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=Storage().cut)
     ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
     with pytest.raises(errors.Unavailable):
