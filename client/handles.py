@@ -161,6 +161,8 @@ class SessionLeases:
         if not handles:
             return
         gone = self._renew([(h.inode, h.session_id) for h in handles])
+        with self._lock:  # a handle closed meanwhile has no session because it closed it
+            handles = [h for h in handles if self._handles.get(id(h)) is h]
         for h in handles:
             if (h.inode, h.session_id) in gone:
                 if not h.expired:

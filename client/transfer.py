@@ -230,6 +230,8 @@ class BatchTransfer:
                     failed.setdefault(p, stale_session(p))
                     continue
                 closing.append((p, h))
+            for _, h in closing:  # a renewal that races the close must not call it expired
+                sessions.unregister(h)
             ended = sessions.close_many(
                 [(h.inode, h.session_id, len(datas[p]), p not in failed) for p, h in closing],
                 [p for p, _ in closing],

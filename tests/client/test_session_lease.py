@@ -159,3 +159,35 @@ def test_write_to_an_expired_handle_raises_estale(fs, base):
     finally:
         f.close()
     assert fs.info(f"{base}/x")["size"] == 0
+
+
+def test_a_handle_closed_while_its_renewal_is_answered_is_not_called_expired(caplog):
+    """The renewal races the close: the metaserver says the session is gone because it closed."""
+    a = OpenHandle("/a", common_pb2.InodeAttr(inode=1), 10)
+    leases: list[SessionLeases] = []
+
+    def renew(pairs):
+        leases[0].unregister(a)  # the close ends the session while the renewal runs
+        return set(pairs)
+
+    leases.append(SessionLeases(renew, interval=3600))
+    try:
+        leases[0].register(a)
+        with caplog.at_level("WARNING"):
+            leases[0].renew_now()
+        assert not a.expired
+        assert "expired" not in caplog.text
+    finally:
+        leases[0].stop()
+
+
+def test_pipe_of_many_files_logs_no_expired_sessions(private_cluster, caplog):
+    c = private_cluster()
+    fs = EmberFileSystem(c.meta_address, skip_instance_cache=True, session_renew_interval=0.01)
+    try:
+        with caplog.at_level("WARNING"):
+            for batch in range(3):
+                fs.pipe({f"/many/{batch}-{i}": b"x" * 100 for i in range(500)})
+        assert "expired" not in caplog.text
+    finally:
+        fs.close()
