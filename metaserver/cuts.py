@@ -114,6 +114,9 @@ class PendingCuts:
         if cut is None:
             return False
         if attr is not None:  # a removed file's chunks go with the GC queue
+            # The record is durable before storage cuts (a batch commits without a sync
+            # of its own), so that no restart forgets a length that storage already holds.
+            self._engine.sync()
             self._truncate_chunks(attr, cut.length, cut.request_id)
 
         def drop(txn: Transaction) -> None:

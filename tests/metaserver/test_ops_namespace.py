@@ -481,3 +481,28 @@ def test_stripe_capped_at_chain_count():
     ns = Namespace(MemoryEngine(), chain_table=lambda: [7, 8])
     lay = ns.create(meta_pb2.CreateRequest(path="/f")).attr.layout
     assert lay.stripe == 2 and sorted(lay.chains) == [7, 8]
+
+
+def test_a_batched_truncating_open_makes_its_cut_durable_before_storage_cuts():
+    """A batch commits without a sync of its own: the cut's record must be synced first, or a
+    restart could forget a length that storage already holds."""
+    events: list[str] = []
+
+    class Engine(MemoryEngine):
+        def sync(self) -> None:
+            events.append("sync")
+
+    def cut(attr, length, request_id):
+        events.append("cut")
+
+    ns = Namespace(Engine(), chain_table=lambda: [1], truncate_chunks=cut)
+    ns.create(meta_pb2.CreateRequest(path="/f"))
+    ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
+    ns.open(meta_pb2.OpenRequest(path="/g", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE))
+    events.clear()  # (the open above reserved the session ids, which syncs)
+    flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_TRUNCATE
+    (result,) = ns.batch_write_open(
+        meta_pb2.BatchWriteOpenRequest(paths=["/f"], flags=flags)
+    ).results
+    assert result.opened.attr.size == 0
+    assert "cut" in events and "sync" in events[: events.index("cut")], events
