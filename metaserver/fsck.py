@@ -76,6 +76,8 @@ LIST_PAGE = 1000  # chunks a ListChunks page holds when only metadata and files 
 DEEP_PAGE = 32  # chunks a page holds when every block is read
 LIST_TIMEOUT = 120.0  # seconds for one page
 REPAIR_WAIT = 120.0  # seconds a repair waits for the resyncs it started
+CONFIRM_LOOKS = 5  # looks at a chunk found wrong, until two in a row agree
+CONFIRM_PAUSE = 0.05  # seconds between two looks
 
 
 class FsckError(Exception):
@@ -395,15 +397,32 @@ class Fsck:
             if chain is None:
                 continue
             found = self._judge(attr, index, chain.serving, chunks.get(index, {}))
-            if found:  # the lists were taken at different times: look again at this chunk
-                raw = self.engine.get(keys.inode_key(inode))
-                if raw is None:
-                    continue  # removed meanwhile: its GC item takes the chunks
-                now = {
-                    t.target_id: m for t in chain.serving if (m := self._list_one(t, inode, index))
-                }
-                found = self._judge(records.decode_inode(raw), index, chain.serving, now)
+            if found:  # the lists were taken at different times: look again
+                found = self._confirm(inode, index, chain.serving)
             yield from found
+
+    def _confirm(self, inode: int, index: int, serving) -> list[Finding]:
+        """The findings on a chunk that hold in two looks in a row at the same replicas.
+
+        One look lists the chunk on each replica in turn, so an update passing
+        down the chain between two of them shows as a difference; a chunk that
+        keeps changing is being written, not damaged, and is left alone.
+        """
+        before = None
+        for _ in range(CONFIRM_LOOKS):
+            raw = self.engine.get(keys.inode_key(inode))
+            if raw is None:
+                return []  # removed meanwhile: its GC item takes the chunks
+            now = {t.target_id: m for t in serving if (m := self._list_one(t, inode, index))}
+            found = self._judge(records.decode_inode(raw), index, serving, now)
+            if not found:
+                return []
+            seen = {t: (m.version, m.pending_version, m.length, m.checksum) for t, m in now.items()}
+            if seen == before:
+                return found
+            before = seen
+            time.sleep(CONFIRM_PAUSE)
+        return []
 
     def _judge(
         self, attr: common_pb2.InodeAttr, index: int, serving, replicas: dict
