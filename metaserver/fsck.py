@@ -56,6 +56,7 @@ from emberfs.common.routing import RoutingView, TargetView
 from emberfs.metaserver import cuts, keys, records
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
+from emberfs.metaserver.repair import list_chunk
 from emberfs.proto import cluster_pb2, common_pb2, storage_pb2, storage_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,13 @@ CONFIRM_PAUSE = 0.05  # seconds between two looks
 
 class FsckError(Exception):
     """The check could not run to its end (a serving target did not answer)."""
+
+
+def _unanswered(target: TargetView, inode: int, exc: grpc.RpcError) -> FsckError:
+    return FsckError(
+        f"target {target.target_id} ({target.grpc_address}) did not list chunks of inode "
+        f"{inode}: {exc.code().name}: {exc.details()}"
+    )
 
 
 @dataclass
@@ -434,16 +442,15 @@ class Fsck:
             0, extents.data_end(extents.holes_of(attr), size, start, start + chunk_size) - start
         )
         allowed = max(0, min(chunk_size, size - start))
-        # bytes past the length wait for their cut, or are a writer's not yet closed
-        past_end_expected = self.engine.get(keys.cut_key(attr.inode)) is not None or any(
-            keys.is_session_key(k)
-            for k, _ in self.engine.scan_prefix(keys.session_prefix(attr.inode))
-        )
         members = [t.target_id for t in serving]
-        return list(
-            self._check_chunk(
-                attr.inode, index, need, allowed, members, replicas, past_end_expected
-            )
+        return list(self._check_chunk(attr.inode, index, need, allowed, members, replicas))
+
+    def _past_end_expected(self, inode: int) -> bool:
+        """Bytes past the length wait for their cut, or are a writer's not yet closed."""
+        if self.engine.get(keys.cut_key(inode)) is not None:
+            return True
+        return any(
+            keys.is_session_key(k) for k, _ in self.engine.scan_prefix(keys.session_prefix(inode))
         )
 
     def _list_inode(self, target: TargetView, inode: int) -> list:
@@ -451,35 +458,21 @@ class Fsck:
         req = storage_pb2.ListChunksRequest(
             target_id=target.target_id, inode=inode, limit=LIST_PAGE
         )
-        return list(self._ask(target, req).chunks)
-
-    def _ask(self, target: TargetView, req) -> storage_pb2.ListChunksResponse:
         try:
             with grpc.insecure_channel(target.grpc_address) as channel:
-                return storage_pb2_grpc.StorageServiceStub(channel).ListChunks(
-                    req, timeout=LIST_TIMEOUT
-                )
+                stub = storage_pb2_grpc.StorageServiceStub(channel)
+                return list(stub.ListChunks(req, timeout=LIST_TIMEOUT).chunks)
         except grpc.RpcError as exc:
-            raise FsckError(
-                f"target {target.target_id} ({target.grpc_address}) did not list chunks of "
-                f"inode {req.inode}: {exc.code().name}: {exc.details()}"
-            ) from None
+            raise _unanswered(target, inode, exc) from None
 
     def _list_one(self, target: TargetView, inode: int, index: int):
         """Chunk ``index`` of ``inode`` on ``target`` now, checked as the pass checks (None: absent)."""
-        req = storage_pb2.ListChunksRequest(
-            target_id=target.target_id,
-            inode=inode,
-            limit=1,
-            check=self.check,
-            mark_damaged=self.mark,
-        )
-        if index:
-            req.has_after, req.after_inode, req.after_index = True, inode, index - 1
-        for chunk in self._ask(target, req).chunks:
-            if (chunk.inode, chunk.index) == (inode, index):
-                return chunk
-        return None
+        try:
+            return list_chunk(
+                target, inode, index, check=self.check, mark_damaged=self.mark, timeout=LIST_TIMEOUT
+            )
+        except grpc.RpcError as exc:
+            raise _unanswered(target, inode, exc) from None
 
     def _check_chunk(
         self,
@@ -489,7 +482,6 @@ class Fsck:
         allowed: int,
         members: list[int],
         replicas: dict[int, storage_pb2.ChunkMeta],
-        past_end_expected: bool,
     ) -> Iterator[Finding]:
         if any(m.pending_version for m in replicas.values()):
             return  # an update is passing down the chain: not settled
@@ -538,10 +530,8 @@ class Fsck:
                     for t in holders
                 ),
             )
-        if past_end_expected:
-            return  # bytes past the length wait for their cut, or for a writer's close
         long = [t for t in members if t in replicas and replicas[t].length > allowed]
-        if long:
+        if long and not self._past_end_expected(inode):
             yield Finding(
                 "chunk_past_end",
                 inode,

@@ -40,8 +40,19 @@ QUEUE_LIMIT = 256  # reports waiting for a check; more are dropped (readers repo
 CHECK_TIMEOUT = 5.0  # seconds for each storage server's answer
 
 
-def list_chunk(target: TargetView, inode: int, index: int) -> storage_pb2.ChunkMeta | None:
-    """Chunk ``index`` of ``inode`` on ``target`` as its storage server lists it (None: absent)."""
+def list_chunk(
+    target: TargetView,
+    inode: int,
+    index: int,
+    *,
+    check: int = storage_pb2.CHUNK_CHECK_NONE,
+    mark_damaged: bool = False,
+    timeout: float = CHECK_TIMEOUT,
+) -> storage_pb2.ChunkMeta | None:
+    """Chunk ``index`` of ``inode`` on ``target`` as its storage server lists it (None: absent).
+
+    ``check`` and ``mark_damaged`` as in ``ListChunksRequest``.
+    """
     with grpc.insecure_channel(target.grpc_address) as channel:
         stub = storage_pb2_grpc.StorageServiceStub(channel)
         req = storage_pb2.ListChunksRequest(
@@ -51,8 +62,10 @@ def list_chunk(target: TargetView, inode: int, index: int) -> storage_pb2.ChunkM
             has_after=index > 0,
             after_index=index - 1 if index > 0 else 0,
             limit=1,
+            check=check,
+            mark_damaged=mark_damaged,
         )
-        resp = stub.ListChunks(req, timeout=CHECK_TIMEOUT)
+        resp = stub.ListChunks(req, timeout=timeout)
     for chunk in resp.chunks:
         if chunk.inode == inode and chunk.index == index:
             return chunk
