@@ -4,12 +4,17 @@ Chunk reads, writes, truncation and chain forwarding travel here rather than
 on gRPC (see docs/protocol.md for why and for the byte layout). Both storage
 servers and the client import this module; nothing else frames data.
 
-A frame is a fixed 24-byte header, a meta section (a small protobuf message
-from ``data.proto``), a table of CRC32C values (one per ``block_size`` bytes
-of data) and the data itself::
+A frame is a fixed 28-byte header, an auth section (a request's
+credentials, see :mod:`emberfs.common.auth`; empty in answers), a meta section
+(a small protobuf message from ``data.proto``), a table of CRC32C values (one
+per ``block_size`` bytes of data) and the data itself::
 
     magic u32 | version u8 | op u8 | status u16 | meta_len u32 | data_len u32
-    | block_size u32 | header_crc u32          (little-endian)
+    | block_size u32 | auth_len u16 | reserved u16 | header_crc u32   (little-endian)
+
+A receiver reads everything before the data first (all of it bounded by the
+limits below), so it can check credentials and the request before it gives
+the data a buffer.
 
 Senders use ``os.sendfile`` (from a chunk file) or one ``sendall`` per buffer;
 receivers ``recv_into`` a preallocated buffer and verify every block's CRC.
@@ -23,17 +28,20 @@ import os
 import select
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import crc32c
 
 MAGIC = 0x46424D45  # b"EMBF" little-endian
-VERSION = 1
-HEADER = struct.Struct("<IBBHIIII")
-HEADER_SIZE = HEADER.size  # 24
-_HEADER_BODY = struct.Struct("<IBBHIII")
+VERSION = 2
+HEADER = struct.Struct("<IBBHIIIHHI")
+HEADER_SIZE = HEADER.size  # 28
+_HEADER_BODY = struct.Struct("<IBBHIIIHH")
 
+MAX_AUTH = 1024
 MAX_META = 64 * 1024
 MAX_DATA = 64 * 1024 * 1024
 MIN_BLOCK = 4 * 1024
@@ -59,6 +67,7 @@ class Status(enum.IntEnum):
     INTERNAL = 7
     BUSY = 8  # too many requests in flight; retry later
     NO_SPACE = 9  # a replica's file system has no room for the update: not retried
+    DENIED = 10  # credentials missing, wrong, expired, or not covering the request
 
 
 RETRYABLE = frozenset(
@@ -83,6 +92,9 @@ class Header:
     meta_len: int
     data_len: int
     block_size: int
+    auth_len: int = 0
+    body: bytes = b""  # the header's bytes before its CRC (what a server credential signs)
+    auth: bytes = b""  # the auth section, once received
 
     @property
     def is_response(self) -> bool:
@@ -184,48 +196,101 @@ def verify(data, crcs, block_size: int) -> None:
             raise ChecksumError(i)
 
 
-def pack_header(op: int, status: int, meta_len: int, data_len: int, block_size: int) -> bytes:
-    body = _HEADER_BODY.pack(MAGIC, VERSION, op, status, meta_len, data_len, block_size)
+def header_body(
+    op: int, status: int, meta_len: int, data_len: int, block_size: int, auth_len: int = 0
+) -> bytes:
+    """A header's bytes before its CRC."""
+    return _HEADER_BODY.pack(
+        MAGIC, VERSION, op, status, meta_len, data_len, block_size, auth_len, 0
+    )
+
+
+def pack_header(
+    op: int, status: int, meta_len: int, data_len: int, block_size: int, auth_len: int = 0
+) -> bytes:
+    body = header_body(op, status, meta_len, data_len, block_size, auth_len)
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
 def unpack_header(raw: bytes) -> Header:
-    magic, version, op, status, meta_len, data_len, block_size, hcrc = HEADER.unpack(raw)
+    if len(raw) != HEADER_SIZE:
+        raise FrameError(f"a header is {HEADER_SIZE} bytes, not {len(raw)}")
+    magic, version, op, status, meta_len, data_len, block_size, auth_len, _, hcrc = HEADER.unpack(
+        raw
+    )
     if magic != MAGIC:
         raise FrameError(f"bad magic {magic:#x}")
     if crc32c.crc32c(raw[: HEADER_SIZE - 4]) != hcrc:
         raise FrameError("header checksum mismatch")
     if version != VERSION:
         raise FrameError(f"unsupported protocol version {version}")
+    if auth_len > MAX_AUTH:
+        raise FrameError(f"auth section of {auth_len} bytes exceeds {MAX_AUTH}")
     if meta_len > MAX_META:
         raise FrameError(f"meta section of {meta_len} bytes exceeds {MAX_META}")
     if data_len > MAX_DATA:
         raise FrameError(f"data section of {data_len} bytes exceeds {MAX_DATA}")
     if data_len and (block_size < MIN_BLOCK or block_size > MAX_DATA):
         raise FrameError(f"invalid block size {block_size}")
-    return Header(op, status, meta_len, data_len, block_size)
+    return Header(op, status, meta_len, data_len, block_size, auth_len, raw[: HEADER_SIZE - 4])
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from the socket; FrameError if the peer closes first."""
+def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill ``view`` from the socket; FrameError if the peer closes first.
+
+    With a ``deadline`` (a ``time.monotonic()`` value) the whole receive must
+    end by then (TimeoutError), however the peer spaces its bytes; it sets
+    the socket's timeout.
+    """
     got = 0
     total = len(view)
     while got < total:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the frame did not arrive in time ({got} of {total} bytes)")
+            sock.settimeout(left)
         n = sock.recv_into(view[got:], total - got)
         if n == 0:
             raise FrameError(f"connection closed after {got} of {total} bytes")
         got += n
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
     buf = bytearray(n)
     if n:
-        recv_exact_into(sock, memoryview(buf))
+        recv_exact_into(sock, memoryview(buf), deadline)
     return buf
 
 
 def _crc_table(crcs) -> bytes:
     return struct.pack(f"<{len(crcs)}I", *crcs)
+
+
+class Credential(Protocol):
+    """What a request frame carries in its auth section (see :mod:`emberfs.common.auth`)."""
+
+    length: int
+
+    def section(self, body: bytes, meta: bytes, table: bytes) -> bytes:
+        """The auth section of a frame with header ``body``, ``meta`` and CRC ``table``."""
+        ...
+
+
+def _head(
+    op: int,
+    status: int,
+    meta: bytes,
+    data_len: int,
+    block_size: int,
+    table: bytes,
+    credential: Credential | None,
+) -> bytes:
+    """Everything of a frame before its data."""
+    auth_len = credential.length if credential is not None else 0
+    body = header_body(op, status, len(meta), data_len, block_size, auth_len)
+    auth = credential.section(body, meta, table) if credential is not None else b""
+    return body + struct.pack("<I", crc32c.crc32c(body)) + auth + meta + table
 
 
 def send_frame(
@@ -237,6 +302,7 @@ def send_frame(
     status: int = Status.OK,
     block_size: int = DEFAULT_BLOCK,
     crcs: list[int] | None = None,
+    credential: Credential | None = None,
 ) -> None:
     """Send one frame. CRCs of ``data`` are computed unless given."""
     if data is None:
@@ -248,7 +314,7 @@ def send_frame(
         if crcs is None:
             crcs = block_crcs(data, block_size)
         table = _crc_table(crcs)
-    head = pack_header(op, status, len(meta), data_len, block_size) + meta + table
+    head = _head(op, status, meta, data_len, block_size, table, credential)
     if data_len and data_len <= 64 * 1024:
         sock.sendall(head + bytes(data))
         return
@@ -272,7 +338,7 @@ def send_file_frame(
     On a blocking socket, ``SO_SNDTIMEO`` bounds each stall (TimeoutError);
     on a socket with a timeout, that timeout does.
     """
-    head = pack_header(op, Status.OK, len(meta), length, block_size) + meta + _crc_table(crcs)
+    head = _head(op, Status.OK, meta, length, block_size, _crc_table(crcs), None)
     sock.sendall(head)
     sent = 0
     timeout = sock.gettimeout()
@@ -307,18 +373,31 @@ class Frame:
     data: memoryview | None
 
 
-def recv_head(sock: socket.socket) -> tuple[Header, bytes, tuple[int, ...]]:
-    """Receive a frame up to its data: the header, the meta section and the CRC table.
+def recv_head(
+    sock: socket.socket, deadline: float | None = None
+) -> tuple[Header, bytes, tuple[int, ...]]:
+    """Receive a frame up to its data: the header, auth section, meta section and CRC table.
 
-    The caller then receives ``header.data_len`` data bytes where it wants them.
+    All of it is bounded (:data:`MAX_AUTH`, :data:`MAX_META`, and a CRC table
+    of at most ``MAX_DATA / MIN_BLOCK`` entries). The auth section is kept in
+    ``header.auth``. The caller then receives ``header.data_len`` data bytes
+    where it wants them (see :func:`recv_exact_into` for ``deadline``).
     """
-    header = unpack_header(bytes(recv_exact(sock, HEADER_SIZE)))
-    meta = bytes(recv_exact(sock, header.meta_len))
+    header = unpack_header(bytes(recv_exact(sock, HEADER_SIZE, deadline)))
+    # auth, meta and CRC table arrive together: one receive where the socket allows
     nb = header.n_blocks
+    rest = recv_exact(sock, header.auth_len + header.meta_len + 4 * nb, deadline)
+    header.auth = bytes(rest[: header.auth_len])
+    meta = bytes(rest[header.auth_len : header.auth_len + header.meta_len])
     crcs: tuple[int, ...] = ()
     if nb:
-        crcs = struct.unpack(f"<{nb}I", recv_exact(sock, 4 * nb))
+        crcs = struct.unpack_from(f"<{nb}I", rest, header.auth_len + header.meta_len)
     return header, meta, crcs
+
+
+def crc_table(crcs) -> bytes:
+    """The CRC table bytes of ``crcs`` as a frame carries them (what credentials sign)."""
+    return _crc_table(crcs)
 
 
 def recv_frame(

@@ -113,6 +113,10 @@ class NoSpace(Refused):
     status = Status.NO_SPACE  # a replica of the chain has no room for the update
 
 
+class Denied(Refused):
+    status = Status.DENIED  # no credentials, wrong ones, or ones that do not cover the request
+
+
 _BY_STATUS: dict[int, type[Refused]] = {cls.status: cls for cls in Refused.__subclasses__()}
 
 
@@ -185,6 +189,10 @@ class ConnectionPool:
         waiting on another server for ``stall_check`` seconds are checked
         against it and cut once their server is declared down.
     stall_check : float, default 1.0
+    credential : framing.Credential, optional
+        What the requests sent through the pool carry in their auth section
+        unless a :class:`Call` brings its own (a server's pool: the cluster's
+        server credential, :mod:`emberfs.common.auth`).
     """
 
     def __init__(
@@ -197,7 +205,9 @@ class ConnectionPool:
         *,
         live: Callable[[], set[str]] | None = None,
         stall_check: float = 1.0,
+        credential: framing.Credential | None = None,
     ) -> None:
+        self.credential = credential
         self.connect_timeout = connect_timeout
         self.io_timeout = io_timeout
         self.max_per_address = None if max_per_address is None else max(1, max_per_address)
@@ -380,6 +390,8 @@ class Call:
         The data's block CRCs when already known.
     timeout : float, optional
         Socket timeout of this exchange instead of the pool's.
+    credential : framing.Credential, optional
+        The request's credentials (default: the pool's).
 
     A failure to connect or send is kept and raised by :meth:`result` (after
     the resend a closed pooled connection gets).
@@ -403,11 +415,12 @@ class Call:
         block_size: int = framing.DEFAULT_BLOCK,
         crcs: list[int] | None = None,
         timeout: float | None = None,
+        credential: framing.Credential | None = None,
     ) -> None:
         self.pool = pool
         self.address = address
         self.op = op
-        self._request = (meta, data, block_size, crcs)
+        self._request = (meta, data, block_size, crcs, credential or pool.credential)
         self._timeout = timeout
         self._sock: socket.socket | None = None
         self._reused = False
@@ -427,9 +440,11 @@ class Call:
         self._sock, self._reused = sock, reused
         self._watch = contextlib.ExitStack()
         self._watched = self._watch.enter_context(self.pool.watching(self.address, sock))
-        meta, data, block_size, crcs = self._request
+        meta, data, block_size, crcs, credential = self._request
         try:
-            framing.send_frame(sock, self.op, meta, data, block_size=block_size, crcs=crcs)
+            framing.send_frame(
+                sock, self.op, meta, data, block_size=block_size, crcs=crcs, credential=credential
+            )
         except BaseException:
             self._finish(ok=False)
             raise

@@ -135,3 +135,15 @@ class ErrorResponse(_message.Message):
     message: str
     routing_version: int
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., routing_version: _Optional[int] = ...) -> None: ...
+
+class Capability(_message.Message):
+    __slots__ = ("inode", "read", "write", "expires_ms")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
+    inode: int
+    read: bool
+    write: bool
+    expires_ms: int
+    def __init__(self, inode: _Optional[int] = ..., read: _Optional[bool] = ..., write: _Optional[bool] = ..., expires_ms: _Optional[int] = ...) -> None: ...

@@ -52,12 +52,14 @@ class BatchStatRequest(_message.Message):
     def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class BatchStatResult(_message.Message):
-    __slots__ = ("attr", "errno")
+    __slots__ = ("attr", "errno", "capability")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     ERRNO_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     attr: _common_pb2.InodeAttr
     errno: int
-    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., errno: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., errno: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class BatchStatResponse(_message.Message):
     __slots__ = ("results",)
@@ -116,12 +118,14 @@ class OpenRequest(_message.Message):
     def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("attr", "session_id")
+    __slots__ = ("attr", "session_id", "capability")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     attr: _common_pb2.InodeAttr
     session_id: int
-    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., session_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., session_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class BatchOpenRequest(_message.Message):
     __slots__ = ("ctx", "paths")
@@ -468,3 +472,19 @@ class PingRequest(_message.Message):
 class PingResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AuthorizeRequest(_message.Message):
+    __slots__ = ("ctx", "inode", "session_id")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    inode: int
+    session_id: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., inode: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+
+class AuthorizeResponse(_message.Message):
+    __slots__ = ("capability",)
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    capability: bytes
+    def __init__(self, capability: _Optional[bytes] = ...) -> None: ...

@@ -149,6 +149,11 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsResponse.FromString,
                 _registered_method=True)
+        self.Authorize = channel.unary_unary(
+                '/emberfs.MetaService/Authorize',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -292,6 +297,12 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Authorize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -409,6 +420,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.RenewSessions,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.RenewSessionsResponse.SerializeToString,
+            ),
+            'Authorize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authorize,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1032,6 +1048,33 @@ class MetaService:
             '/emberfs.MetaService/RenewSessions',
             emberfs_dot_proto_dot_meta__pb2.RenewSessionsRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.RenewSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authorize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/Authorize',
+            emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

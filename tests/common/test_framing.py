@@ -100,7 +100,7 @@ def test_corrupted_block_is_detected(pair):
 
 def test_bad_magic(pair):
     a, b = pair
-    a.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 8)
+    a.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 10)
     with pytest.raises(framing.FrameError, match="magic"):
         framing.recv_frame(b)
 
@@ -173,11 +173,65 @@ def test_block_crcs_match_crc32c():
 
 
 def test_header_layout_is_stable():
-    raw = framing.pack_header(framing.Op.WRITE, 0, 7, 9, 65536)
-    assert len(raw) == 24
-    magic, version, op, status, meta_len, data_len, block, _ = struct.unpack("<IBBHIIII", raw)
+    raw = framing.pack_header(framing.Op.WRITE, 0, 7, 9, 65536, 25)
+    assert len(raw) == 28
+    magic, version, op, status, meta_len, data_len, block, auth, reserved, _ = struct.unpack(
+        "<IBBHIIIHHI", raw
+    )
     assert raw[:4] == b"EMBF"
-    assert (version, op, status, meta_len, data_len, block) == (1, 2, 0, 7, 9, 65536)
+    assert (version, op, status, meta_len, data_len, block, auth, reserved) == (
+        2,
+        2,
+        0,
+        7,
+        9,
+        65536,
+        25,
+        0,
+    )
+
+
+def test_credentials_ride_between_header_and_meta_and_are_received_whole(pair):
+    a, b = pair
+
+    class Fixed:
+        length = 5
+
+        def section(self, body, meta, table):
+            assert len(body) == framing.HEADER_SIZE - 4 and meta == b"meta"
+            assert len(table) == 4  # one block
+            return b"creds"
+
+    framing.send_frame(a, framing.Op.WRITE, b"meta", b"data", credential=Fixed())
+    header, meta, crcs = framing.recv_head(b)
+    assert (header.auth, meta, len(crcs)) == (b"creds", b"meta", 1)
+    assert bytes(framing.recv_exact(b, header.data_len)) == b"data"
+
+
+def test_an_oversized_auth_section_is_refused_before_it_is_read(pair):
+    a, b = pair
+    a.sendall(framing.pack_header(framing.Op.PING, 0, 0, 0, 0, framing.MAX_AUTH + 1))
+    with pytest.raises(framing.FrameError, match="auth section"):
+        framing.recv_frame(b)
+
+
+def test_a_frame_deadline_holds_however_the_bytes_are_spaced(pair):
+    a, b = pair
+    raw = framing.pack_header(framing.Op.PING, 0, 0, 0, 0)
+
+    def trickle():
+        for byte in raw[:-1]:
+            try:
+                a.sendall(bytes([byte]))
+            except OSError:  # the test is over and closed the socket
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        framing.recv_head(b, deadline=time.monotonic() + 0.5)
+    assert time.monotonic() - started < 1.0
 
 
 def test_sendfile_frame_on_a_socket_with_timeout(tmp_path):
