@@ -8,10 +8,20 @@ to answer) comes from the replication rules
 connections, dispatches requests, touches the
 :class:`~emberfs.storageserver.chunkstore.ChunkStore` and talks to successors.
 
-A peer that stays silent between frames for ``idle_timeout`` seconds, or stops
-for ``frame_timeout`` seconds in the middle of a frame, is dropped; so is one
-that sends a malformed frame. A request whose frame arrived whole but whose
-content is invalid gets an error frame and the connection stays open.
+Every request is admitted before its data is received: the frame's
+credentials are checked (with cluster keys: a server's MAC, or a client's
+chunk capability covering the request, see :mod:`emberfs.common.auth`), its
+meta section decoded and its data length held to the request's limits; only
+then does the data get a buffer. A refused request whose data is still on
+the wire is answered and its connection closed.
+
+A peer that stays silent between frames for ``idle_timeout`` seconds is
+dropped, and so is one whose frame (header to last data byte) does not arrive
+within ``frame_timeout`` seconds plus its data length at ``MIN_DATA_RATE``,
+or that sends a malformed frame. Connections are capped at
+``max_connections``; the last ``forward_reserve`` of them only take servers
+(chain forwards, resync, truncation), so busy clients cannot starve the
+forwards that their own writes need.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from collections.abc import Callable, Mapping
 from google.protobuf.message import DecodeError
 
 from emberfs.common import framing, wire
+from emberfs.common.auth import SERVER_GRANT, AuthError, ClusterKeys, Grant
 from emberfs.common.framing import Op, Status
 from emberfs.common.routing import RoutingView
 from emberfs.common.stalls import live_addresses
@@ -49,26 +60,45 @@ _OP_NAMES = {Op.READ: "read", Op.WRITE: "write", Op.TRUNCATE: "truncate"}
 _FENCED = wire.NotServing("fenced: this server has not heard from the metaserver in time")
 
 
-def _target_of(frame: framing.Frame) -> str:
-    """The target a write frame names, as a metric label ("0" if unreadable)."""
-    try:
-        return str(data_pb2.ChunkWriteRequest.FromString(frame.meta).target_id)
-    except DecodeError:
-        return "0"
+_REQUESTS = {
+    Op.READ: data_pb2.ChunkReadRequest,
+    Op.WRITE: data_pb2.ChunkWriteRequest,
+    Op.TRUNCATE: data_pb2.ChunkTruncateRequest,
+}
 
+#: the slowest a frame's data may arrive (bytes/s) before the frame is cut off
+MIN_DATA_RATE = 1024 * 1024
 
 # frames up to this size are received into one buffer kept per connection
 _CONN_BUFFER_MAX = 16 * 1024 * 1024
 
+# connection classes, known from a connection's first request
+_PENDING, _CLIENT, _SERVER = 0, 1, 2
+
+
+def _client_may(op: int, req, grant: Grant) -> bool:
+    """Whether a client's capability allows request ``req``."""
+    if op == Op.PING:
+        return True
+    if op == Op.READ:
+        return grant.covers(req.chunk.inode, write=False)
+    if op == Op.WRITE:
+        # a client writes to the head; versions, copies and replacements are the servers'
+        plain = not (req.update_version or req.base_version or req.sync or req.replace)
+        return plain and grant.covers(req.chunk.inode, write=True)
+    return False  # truncation is the metaserver's
+
 
 class _Conn:
-    __slots__ = ("sock", "peer", "responding", "status", "_buf")
+    __slots__ = ("sock", "peer", "responding", "status", "kind", "reserve", "_buf")
 
-    def __init__(self, sock: socket.socket, peer):
+    def __init__(self, sock: socket.socket, peer, reserve: bool = False):
         self.sock = sock
         self.peer = peer
         self.responding = False
         self.status = Status.OK
+        self.kind = _PENDING
+        self.reserve = reserve  # accepted into the forward reserve: must be a server
         self._buf: mmap.mmap | None = None
 
     def buffer(self, n: int) -> memoryview:
@@ -98,12 +128,17 @@ class DataServer:
         Returns the current ``{target_id: ChunkStore}`` of local targets.
     routing : callable
         Returns the node's newest :class:`~emberfs.common.routing.RoutingView`.
+    keys : ClusterKeys or None
+        The cluster's keys: every request must then carry credentials. None
+        runs the server without authentication (``--insecure``).
     max_connections : int, default 256
         Connections beyond this get a BUSY error and are closed.
+    forward_reserve : int, default 32
+        Of ``max_connections``, how many only servers may use.
     idle_timeout : float, default 30
         Seconds a connection may stay silent between frames.
     frame_timeout : float, default 10
-        Seconds a peer may stall in the middle of a frame.
+        Seconds a frame may take to arrive (plus its data at ``MIN_DATA_RATE``).
     forward_timeout : float, default 30
         Seconds to wait for a successor's answer.
     stall_check : float, default 1.0
@@ -129,7 +164,9 @@ class DataServer:
         *,
         stores: Callable[[], Mapping[int, ChunkStore]],
         routing: Callable[[], RoutingView],
+        keys: ClusterKeys | None = None,
         max_connections: int = 256,
+        forward_reserve: int = 32,
         idle_timeout: float = 30.0,
         frame_timeout: float = 10.0,
         forward_timeout: float = 30.0,
@@ -139,7 +176,10 @@ class DataServer:
     ):
         self._stores = stores
         self._routing = routing
+        self._keys = keys
         self.max_connections = max_connections
+        self.forward_reserve = min(max(0, forward_reserve), max_connections - 1)
+        self._clients = 0  # connections (pending or client) outside the forward reserve
         self.idle_timeout = idle_timeout
         self.frame_timeout = frame_timeout
         self._on_stale = on_stale
@@ -152,6 +192,7 @@ class DataServer:
             max_idle=8,
             live=lambda: live_addresses(self._routing().targets.values()),
             stall_check=stall_check,
+            credential=keys.server_credential() if keys is not None else None,
         )
         self.replica = Replica()
         self._successors = Successors(self._pool, self.replica, on_stale)
@@ -228,11 +269,14 @@ class DataServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             secs = max(1, int(self.frame_timeout))
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", secs, 0))
-            conn = _Conn(sock, peer)
             with self._conns_lock:
                 full = len(self._conns) >= self.max_connections
+                # past the clients' share, a connection must prove to be a server's
+                reserve = self._clients >= self.max_connections - self.forward_reserve
+                conn = _Conn(sock, peer, reserve)
                 if not full:
                     self._conns.add(conn)
+                    self._clients += not reserve
             if full:
                 with contextlib.suppress(OSError):
                     sock.settimeout(1.0)
@@ -249,38 +293,115 @@ class DataServer:
         sock = conn.sock
         try:
             while not self._stopping.is_set():
-                sock.settimeout(self.idle_timeout)
+                # a connection in the reserve has one frame's time to show it is a server's
+                sock.settimeout(self.frame_timeout if conn.reserve else self.idle_timeout)
                 try:
                     if not sock.recv(1, socket.MSG_PEEK):
                         return
                 except (TimeoutError, OSError):
                     return
-                sock.settimeout(self.frame_timeout)
+                deadline = time.monotonic() + self.frame_timeout
                 try:
-                    frame = framing.recv_frame(sock, check=False, alloc=conn.buffer)
+                    header, meta, crcs = framing.recv_head(sock, deadline)
                 except (framing.FrameError, TimeoutError, OSError) as exc:
                     log.info("dropping connection from %s: %s", conn.peer, exc)
                     return
-                if not self._dispatch(conn, frame):
+                if header.is_response:
+                    log.info("dropping connection from %s: it sent a response frame", conn.peer)
+                    return
+                req = self._admit(conn, header, meta, crcs)
+                if isinstance(req, wire.Refused):
+                    metrics.CHUNK_OPS.labels(
+                        _OP_NAMES.get(header.op, "other"), framing.status_name(req.status)
+                    ).inc()
+                    # answer; close when the data is still on the wire, or the peer has
+                    # no credentials or no room here
+                    closing = header.data_len or req.status in (Status.DENIED, Status.BUSY)
+                    if not self._error(conn, header.op, req) or closing:
+                        return
+                    continue
+                data = None
+                if header.data_len:
+                    data = conn.buffer(header.data_len)
+                    try:
+                        framing.recv_exact_into(
+                            sock, data, deadline + header.data_len / MIN_DATA_RATE
+                        )
+                    except (framing.FrameError, TimeoutError, OSError) as exc:
+                        log.info("dropping connection from %s: %s", conn.peer, exc)
+                        return
+                frame = framing.Frame(header, meta, crcs, data)
+                if not self._dispatch(conn, frame, req):
                     return
         finally:
             with self._conns_lock:
                 self._conns.discard(conn)
+                self._clients -= conn.kind != _SERVER and not conn.reserve
             sock.close()
 
-    def _dispatch(self, conn: _Conn, frame: framing.Frame) -> bool:
-        """Handle one request; False when the connection must be closed."""
+    def _admit(self, conn: _Conn, header: framing.Header, meta: bytes, crcs) -> object:
+        """The decoded request of a frame whose data has not been received, or its refusal.
+
+        Checks, in order: the credentials, the connection's class (a client in
+        the forward reserve is refused), the meta section, the data length
+        against the request, and that a client's capability covers the request.
+        """
+        op = header.op
+        if self._keys is None:
+            grant = SERVER_GRANT
+        else:
+            try:
+                grant = self._keys.check_frame(
+                    header.body, header.auth, meta, framing.crc_table(crcs)
+                )
+            except AuthError as exc:
+                return wire.Denied(str(exc))
+        refusal = self._classify(conn, grant.server)
+        if refusal is not None:
+            return refusal
+        if op == Op.PING:
+            req = None
+        elif op in _REQUESTS:
+            try:
+                req = _REQUESTS[op].FromString(meta)
+            except DecodeError as exc:
+                return wire.BadRequest(f"bad request: {exc}")
+        else:
+            return wire.BadRequest(f"unknown op {op}")
+        if header.data_len and (op != Op.WRITE or header.data_len > rp.MAX_CHUNK_END):
+            return wire.BadRequest(f"{header.data_len} data bytes do not fit the request")
+        if not grant.server and not _client_may(op, req, grant):
+            return wire.Denied(f"the capability does not allow this {_OP_NAMES.get(op, op)}")
+        return req
+
+    def _classify(self, conn: _Conn, server: bool) -> wire.Refused | None:
+        """Settle a connection's class at its first request (a refusal: close it)."""
+        if conn.kind != _PENDING:
+            if server or conn.kind == _CLIENT:
+                return None
+            return wire.Denied("a server's connection carries server requests only")
+        with self._conns_lock:
+            if server:
+                conn.kind = _SERVER
+                if not conn.reserve:
+                    self._clients -= 1
+                conn.reserve = False
+                return None
+            if conn.reserve:
+                return wire.Busy("too many client connections")
+            conn.kind = _CLIENT
+            return None
+
+    def _dispatch(self, conn: _Conn, frame: framing.Frame, req) -> bool:
+        """Handle one admitted request; False when the connection must be closed."""
         op = frame.header.op
-        if frame.header.is_response:
-            log.info("dropping connection from %s: it sent a response frame", conn.peer)
-            return False
         conn.responding = False
         conn.status = Status.INTERNAL
         started = time.perf_counter()
         with self._busy_lock:
             self._busy += 1
         try:
-            return self._handle(conn, op, frame)
+            return self._handle(conn, op, frame, req)
         finally:
             with self._busy_lock:
                 self._busy -= 1
@@ -289,29 +410,25 @@ class DataServer:
                 metrics.CHUNK_OPS.labels(name, framing.status_name(conn.status)).inc()
                 metrics.CHUNK_OP_LATENCY.labels(name).observe(time.perf_counter() - started)
 
-    def _handle(self, conn: _Conn, op: int, frame: framing.Frame) -> bool:
+    def _handle(self, conn: _Conn, op: int, frame: framing.Frame, req) -> bool:
         try:
             if frame.data is not None:
                 try:
                     framing.verify(frame.data, frame.crcs, frame.header.block_size)
                 except framing.ChecksumError as exc:
-                    metrics.CHECKSUM_ERRORS.labels(_target_of(frame)).inc()
+                    metrics.CHECKSUM_ERRORS.labels(str(req.target_id)).inc()
                     return self._error(conn, op, wire.ChecksumMismatch(str(exc)))
             if op in _OP_NAMES and self._fenced():
                 return self._error(conn, op, _FENCED)
             if op == Op.READ:
-                self._read(conn, data_pb2.ChunkReadRequest.FromString(frame.meta))
+                self._read(conn, req)
             elif op == Op.WRITE:
-                self._write(conn, data_pb2.ChunkWriteRequest.FromString(frame.meta), frame)
+                self._write(conn, req, frame)
             elif op == Op.TRUNCATE:
-                self._truncate(conn, data_pb2.ChunkTruncateRequest.FromString(frame.meta))
-            elif op == Op.PING:
-                self._respond(conn, op, b"")
+                self._truncate(conn, req)
             else:
-                return self._error(conn, op, wire.BadRequest(f"unknown op {op}"))
+                self._respond(conn, op, b"")
             return True
-        except DecodeError as exc:
-            return self._error(conn, op, wire.BadRequest(f"bad request: {exc}"))
         except (OSError, framing.FrameError) as exc:
             if conn.responding:
                 log.info("connection to %s lost while answering: %s", conn.peer, exc)

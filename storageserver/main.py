@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from emberfs.common.addresses import split_address
+from emberfs.common.auth import add_secret_arguments, keys_from_args, tls_from_args
 from emberfs.common.units import parse_size
 from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES
 from emberfs.storageserver.metrics import start_metrics_server
@@ -95,8 +96,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=60.0,
         help="seconds from the start to the first scrub pass (default 60)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        help="data connections at most; more are refused BUSY (default 256)",
+    )
+    p.add_argument(
+        "--forward-reserve",
+        type=int,
+        default=32,
+        help="of --max-connections, how many only servers (chain forwards, resync) may use "
+        "(default 32)",
+    )
+    p.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a request frame may take to arrive, plus its data at 1 MiB/s; a slower "
+        "peer is dropped (default 10)",
+    )
+    add_secret_arguments(p)
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
+    args.keys = keys_from_args(p, args)
+    args.tls = tls_from_args(p, args)
+    if not args.frame_timeout > 0:
+        p.error("--frame-timeout must be positive")
+    if args.max_connections < 2 or not 0 <= args.forward_reserve < args.max_connections:
+        p.error("--max-connections must be at least 2 and above --forward-reserve (>= 0)")
     for opt in ("meta", "listen", "grpc_listen", "advertise", "metrics_listen"):
         value = getattr(args, opt)
         if value is None or (opt == "metrics_listen" and value == "off"):
@@ -143,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         scrub_rate=args.scrub_rate * 1e6,
         scrub_interval=args.scrub_interval,
         scrub_delay=args.scrub_delay,
+        keys=args.keys,
+        max_connections=args.max_connections,
+        forward_reserve=args.forward_reserve,
+        frame_timeout=args.frame_timeout,
+        tls=args.tls,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.request_stop())

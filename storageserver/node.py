@@ -35,7 +35,10 @@ from typing import NamedTuple
 
 import grpc
 
+from emberfs.common import grpcauth
 from emberfs.common.addresses import join_address, split_address
+from emberfs.common.auth import ClusterKeys
+from emberfs.common.grpcauth import AuthInterceptor
 from emberfs.common.routing import SERVING, RoutingView
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 from emberfs.storageserver import metrics
@@ -156,6 +159,11 @@ class Node:
         scrub_rate: float = 0.0,
         scrub_interval: float = 86400.0,
         scrub_delay: float = 60.0,
+        keys: ClusterKeys | None = None,
+        max_connections: int = 256,
+        forward_reserve: int = 32,
+        frame_timeout: float = 10.0,
+        tls: grpcauth.TLSFiles | None = None,
     ):
         if not 1 <= targets <= MAX_TARGETS:
             raise ValueError(f"targets must be between 1 and {MAX_TARGETS}")
@@ -173,6 +181,11 @@ class Node:
         self.spare_bytes = spare_bytes
         self.reserve_bytes = reserve_bytes
         self.background_interval = background_interval
+        self.keys = keys
+        self.max_connections = max_connections
+        self.forward_reserve = forward_reserve
+        self.frame_timeout = frame_timeout
+        self.tls = tls
 
         self.node_id = ""
         self.data_address = ""  # advertised
@@ -317,6 +330,10 @@ class Node:
             port,
             stores=lambda: self._stores,
             routing=lambda: self._view,
+            keys=self.keys,
+            max_connections=self.max_connections,
+            forward_reserve=self.forward_reserve,
+            frame_timeout=self.frame_timeout,
             forward_timeout=self.forward_timeout,
             on_stale=self._wake.set,
             fenced=self.fenced,
@@ -325,6 +342,7 @@ class Node:
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="storage-grpc"),
             options=[("grpc.so_reuseport", 0)],
+            interceptors=[AuthInterceptor(self.keys)] if self.keys is not None else [],
         )
         add_to_server(
             StorageServicer(
@@ -334,7 +352,7 @@ class Node:
         )
         ghost, gport = self.grpc_listen or (host, data_port + 1 if port else 0)
         try:
-            bound = self._grpc.add_insecure_port(join_address(ghost, gport))
+            bound = grpcauth.add_port(self._grpc, join_address(ghost, gport), self.tls)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {join_address(ghost, gport)}: {exc}") from exc
         if not bound:
@@ -349,7 +367,7 @@ class Node:
         self.data_address = join_address(adv_host, adv_port)
         self.grpc_address = join_address(adv_host, bound)
 
-        self._channel = grpc.insecure_channel(self.meta_address)
+        self._channel = grpcauth.channel(self.meta_address, keys=self.keys, tls=self.tls)
         self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
         if not self._register_until_done():
             return False
@@ -447,7 +465,7 @@ class Node:
             return
         self._lane = None
         if address:
-            channel = grpc.insecure_channel(address)
+            channel = grpcauth.channel(address, keys=self.keys, tls=self.tls)
             stub = cluster_pb2_grpc.ClusterServiceStub(channel)
             self._lane = _Lane(address, channel, stub, grpc.channel_ready_future(channel))
         if lane is not None:
@@ -607,6 +625,8 @@ class Node:
                 should_stop=should_stop,
                 hold=lambda inode, index: replica.chunk(task.target_id, inode, index),
                 on_damaged=lambda meta: self._report_damaged(task.target_id, meta),
+                keys=self.keys,
+                tls=self.tls,
             )
             resp = self._node_calls().SyncDone(
                 cluster_pb2.SyncDoneRequest(

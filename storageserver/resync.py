@@ -27,9 +27,8 @@ import secrets
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
-import grpc
-
-from emberfs.common import framing, wire
+from emberfs.common import framing, grpcauth, wire
+from emberfs.common.auth import ClusterKeys
 from emberfs.proto import data_pb2, storage_pb2, storage_pb2_grpc
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkMeta, ChunkStore
@@ -137,6 +136,8 @@ def sync_successor(
     hold: Callable[[int, int], AbstractContextManager],
     should_stop: Callable[[], bool] = lambda: False,
     on_damaged: Callable[[ChunkMeta], None] = lambda meta: None,
+    keys: ClusterKeys | None = None,
+    tls: grpcauth.TLSFiles | None = None,
 ) -> dict:
     """Copy what the successor lacks and remove what it should no longer have.
 
@@ -169,6 +170,10 @@ def sync_successor(
         ``on_damaged(meta)`` when a local chunk fails its block CRC32Cs: it is
         marked damaged (never sent) and the sync raises ``framing.ChecksumError``;
         the next one passes it over.
+    keys : ClusterKeys, optional
+        The cluster's keys: the sync's calls and frames carry the server credential.
+    tls : TLSFiles, optional
+        With a CA: the sync's gRPC calls use TLS.
 
     Returns
     -------
@@ -189,9 +194,12 @@ def sync_successor(
     kw = dict(
         chain_id=chain_id, chain_version=chain_version, successor_target_id=successor_target_id
     )
-    channel = grpc.insecure_channel(successor_grpc_address)
+    channel = grpcauth.channel(successor_grpc_address, keys=keys, tls=tls)
     pool = wire.ConnectionPool(
-        connect_timeout=SOCKET_TIMEOUT, io_timeout=SOCKET_TIMEOUT, max_per_address=1
+        connect_timeout=SOCKET_TIMEOUT,
+        io_timeout=SOCKET_TIMEOUT,
+        max_per_address=1,
+        credential=keys.server_credential() if keys is not None else None,
     )
     try:
         stub = storage_pb2_grpc.StorageServiceStub(channel)

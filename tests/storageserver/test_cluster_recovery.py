@@ -20,7 +20,7 @@ def chunks_of(cluster, inode: int) -> dict[int, list[tuple[int, int, int, int]]]
     routing = cluster.routing()
     out: dict[int, list] = {}
     for t in routing.targets:
-        with grpc.insecure_channel(t.grpc_address) as ch:
+        with cluster.channel(t.grpc_address) as ch:
             stub = storage_pb2_grpc.StorageServiceStub(ch)
             try:
                 r = stub.ListChunks(

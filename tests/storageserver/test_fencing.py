@@ -17,6 +17,7 @@ import pytest
 from emberfs.cli.localcluster import free_port
 from emberfs.client.fs import EmberFileSystem
 from emberfs.common import framing, wire
+from emberfs.common.auth import CapabilityCredential
 from emberfs.common.framing import Op
 from emberfs.proto import common_pb2, data_pb2
 from tests.relay import OTHER_LOOPBACK, Relay, Relays
@@ -25,8 +26,11 @@ MiB = 1024 * 1024
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def read_from(address: str, chain, target_id: int, inode: int) -> bytes:
-    """Chunk 0 of ``inode`` read from one target, with no chain version check (an old routing)."""
+def read_from(cluster, address: str, chain, target_id: int, inode: int) -> bytes:
+    """Chunk 0 of ``inode`` read from one target, with no chain version check (an old routing).
+
+    The read carries a capability for the file, as a client that opened it has.
+    """
     req = data_pb2.ChunkReadRequest(
         chain_id=chain.chain_id,
         target_id=target_id,
@@ -42,7 +46,10 @@ def read_from(address: str, chain, target_id: int, inode: int) -> bytes:
         resp = data_pb2.ChunkReadResponse.FromString(meta)
         return bytes(data[resp.skip :])
 
-    pool = wire.ConnectionPool(connect_timeout=5, io_timeout=10)
+    token = cluster.keys.sign_capability(inode, read=True, write=False, ttl=60)
+    pool = wire.ConnectionPool(
+        connect_timeout=5, io_timeout=10, credential=CapabilityCredential(token)
+    )
     try:
         return wire.call(pool, address, Op.READ, req.SerializeToString(), receive=receive)
     finally:
@@ -86,7 +93,7 @@ def test_a_server_cut_from_the_metaserver_stops_serving_before_it_is_replaced(pr
         address0 = c.storage_address(0)
         target0 = next(t for t in routing.targets if t.data_address == address0)
         chain = next(ch for ch in routing.chains if target0.target_id in ch.targets)
-        assert read_from(address0, chain, target0.target_id, inode) == v1
+        assert read_from(c, address0, chain, target0.target_id, inode) == v1
 
         relay.cut()  # server 0 still takes requests, but hears nothing from the metaserver
         c.wait_for(
@@ -99,7 +106,7 @@ def test_a_server_cut_from_the_metaserver_stops_serving_before_it_is_replaced(pr
         )
         fs.pipe_file("/f.bin", v2)  # the chain moved on without server 0
         with pytest.raises(wire.NotServing, match="fenced"):
-            read_from(address0, chain, target0.target_id, inode)
+            read_from(c, address0, chain, target0.target_id, inode)
         for _ in range(6):  # whichever replica it picks, never the old bytes
             assert old_reader.cat_file("/f.bin") == v2
 
@@ -109,7 +116,7 @@ def test_a_server_cut_from_the_metaserver_stops_serving_before_it_is_replaced(pr
         deadline = time.monotonic() + 30
         while True:
             try:  # once its own routing has caught up with the metaserver's
-                assert read_from(address0, chain, target0.target_id, inode) == v2
+                assert read_from(c, address0, chain, target0.target_id, inode) == v2
                 break
             except wire.NotServing:
                 assert time.monotonic() < deadline, "server 0 does not serve again"

@@ -309,18 +309,49 @@ def test_restarted_node_is_resynced_and_serves_again(meta, nodes, tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--meta", "nohostport", "--listen", "127.0.0.1:0"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:99999"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--targets", "0"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--heartbeat-interval", "0"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--forward-timeout", "0"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--forward-timeout", "soon"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "lots"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "-1"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-rate", "-1"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-rate", "nan"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-interval", "0"],
-        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-delay", "-5"],
+        ["--meta", "nohostport", "--listen", "127.0.0.1:0", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:99999", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--targets", "0", "--insecure"],
+        [
+            "--meta",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--heartbeat-interval",
+            "0",
+            "--insecure",
+        ],
+        [
+            "--meta",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--forward-timeout",
+            "0",
+            "--insecure",
+        ],
+        [
+            "--meta",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--forward-timeout",
+            "soon",
+            "--insecure",
+        ],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "lots", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--spare-bytes", "-1", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-rate", "-1", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-rate", "nan", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-interval", "0", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--scrub-delay", "-5", "--insecure"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"],  # no key file, not --insecure
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--secret-file", "/nonexistent"],
+        ["--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--insecure", "--frame-timeout", "0"],
+        [
+            *("--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--insecure"),
+            *("--max-connections", "8", "--forward-reserve", "8"),
+        ],
     ],
 )
 def test_command_line_rejects_bad_arguments(argv, tmp_path, capsys):
@@ -337,6 +368,7 @@ def test_command_line_spare_bytes(tmp_path):
     from emberfs.storageserver.main import parse_args
 
     base = ["--data-dir", str(tmp_path), "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0"]
+    base.append("--insecure")
     assert parse_args(base).spare_bytes == DEFAULT_SPARE_BYTES
     assert parse_args(base + ["--spare-bytes", "256MiB"]).spare_bytes == 256 << 20
     assert parse_args(base + ["--spare-bytes", "0"]).spare_bytes == 0
@@ -367,6 +399,7 @@ def test_storageserver_command_serves_metrics_and_exits_on_sigterm(meta, tmp_pat
             "2",
             "--metrics-listen",
             f"127.0.0.1:{metrics_port}",
+            "--insecure",  # the metaserver of this test runs in the test, without keys
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

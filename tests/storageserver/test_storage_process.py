@@ -14,7 +14,6 @@ import os
 import threading
 import time
 
-import grpc
 import pytest
 
 from emberfs.cli.localcluster import LocalCluster
@@ -34,7 +33,13 @@ class DataClient:
     def __init__(self, cluster: LocalCluster):
         self.cluster = cluster
         self.routing = cluster.routing()
-        self.pool = wire.ConnectionPool(connect_timeout=30, io_timeout=30, max_per_address=1)
+        # the test speaks for itself, not for a file it opened: as a server of the cluster
+        self.pool = wire.ConnectionPool(
+            connect_timeout=30,
+            io_timeout=30,
+            max_per_address=1,
+            credential=cluster.keys.server_credential() if cluster.keys else None,
+        )
         self.buf = memoryview(bytearray(CHUNK + framing.DEFAULT_BLOCK))
         self.request_id = 0
 
@@ -159,9 +164,9 @@ class BackgroundWriter:
         return self.expected
 
 
-def list_chunks(grpc_address: str, target_id: int) -> list[tuple]:
+def list_chunks(cluster: LocalCluster, grpc_address: str, target_id: int) -> list[tuple]:
     out = []
-    with grpc.insecure_channel(grpc_address) as ch:
+    with cluster.channel(grpc_address) as ch:
         stub = storage_pb2_grpc.StorageServiceStub(ch)
         req = storage_pb2.ListChunksRequest(target_id=target_id, limit=1000)
         while True:
@@ -250,7 +255,10 @@ def test_kill_each_chain_position_then_resync(cluster):
             cluster.start_storage(idx, timeout=60)
             cluster.wait_serving(timeout=120)
             client.refresh()
-            lists = [list_chunks(client.target(t).grpc_address, t) for t in client.chain().targets]
+            lists = [
+                list_chunks(cluster, client.target(t).grpc_address, t)
+                for t in client.chain().targets
+            ]
             assert len(lists[0]) == len(expected)
             assert all(not c[3] for c in lists[0])  # nothing pending
             assert lists[0] == lists[1] == lists[2], f"replicas differ after round {position}"
