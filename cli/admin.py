@@ -9,6 +9,9 @@
     emberfs admin gc [--run]        # pending GC items; --run sweeps now (needs the token)
     emberfs admin scrub [status]    # each target's scrub progress
     emberfs admin scrub start|pause # start a pass now / pause scrubbing (needs the token)
+    emberfs admin token create --uid U --gid G [--groups 1,2] [--name N]
+    emberfs admin token list        # client tokens (needs the token)
+    emberfs admin token revoke ID|NAME
 
 The API address comes from ``--admin`` or ``EMBERFS_ADMIN`` (default
 ``http://127.0.0.1:9401``), the token from ``--token`` or
@@ -22,10 +25,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
+import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +37,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from emberfs.client import config
 
 DEFAULT_ADMIN = "http://127.0.0.1:9401"
 TIMEOUT = 10.0
@@ -64,14 +70,24 @@ class AdminClient:
         Bearer token for steering requests.
     timeout : float, default 10.0
         Seconds per request.
+    tls_ca : str or None
+        CA certificate (PEM) of an https admin API.
     """
 
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = TIMEOUT):
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout: float = TIMEOUT,
+        tls_ca: str | None = None,
+    ):
         if "://" not in base_url:
             base_url = "http://" + base_url
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        # an https admin API's certificate is checked against this CA (default: the system's)
+        self._ssl = ssl.create_default_context(cafile=tls_ca) if tls_ca else None
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """Send one request; the decoded JSON answer, or :class:`AdminError`."""
@@ -86,6 +102,9 @@ class AdminClient:
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
 
     def stream(self, method: str, path: str, timeout: float | None = None) -> Iterator[Any]:
         """Send one request whose answer is JSON lines; each decoded line as it arrives."""
@@ -115,7 +134,7 @@ class AdminClient:
             self.base_url + path, data=data, headers=headers, method=method
         )
         try:
-            resp = urllib.request.urlopen(req, timeout=timeout)
+            resp = urllib.request.urlopen(req, timeout=timeout, context=self._ssl)
         except urllib.error.HTTPError as exc:
             raise AdminError(f"{exc.code} {_detail(exc)}") from None
         except (urllib.error.URLError, OSError) as exc:
@@ -129,13 +148,20 @@ def add_api_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
     """``--admin`` and ``--token``, with their environment defaults."""
     p.add_argument(
         "--admin",
-        default=os.environ.get("EMBERFS_ADMIN", DEFAULT_ADMIN),
-        help=f"admin API URL (default: $EMBERFS_ADMIN or {DEFAULT_ADMIN})",
+        default=config.setting("admin", "EMBERFS_ADMIN", DEFAULT_ADMIN),
+        help=f"admin API URL (default: $EMBERFS_ADMIN, the client config's admin, or "
+        f"{DEFAULT_ADMIN})",
     )
     p.add_argument(
         "--token",
-        default=os.environ.get("EMBERFS_ADMIN_TOKEN"),
-        help=f"admin token {token_help} (default: $EMBERFS_ADMIN_TOKEN)",
+        default=config.setting("admin_token", "EMBERFS_ADMIN_TOKEN"),
+        help=f"admin token {token_help} (default: $EMBERFS_ADMIN_TOKEN or the client "
+        "config's admin_token)",
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=config.setting("tls_ca"),
+        help="CA certificate of an https admin API (default: the client config's tls_ca)",
     )
 
 
@@ -315,6 +341,81 @@ def show_scrub(s: dict, console: Console) -> None:
     console.print(table)
 
 
+def show_tokens(data: dict, console: Console) -> None:
+    t = Table(title=f"Client tokens: {len(data['tokens'])}")
+    for col in ("id", "name", "uid", "gid", "groups", "created"):
+        t.add_column(col, justify="right" if col in ("uid", "gid") else "left")
+    for x in data["tokens"]:
+        t.add_row(
+            x["id"],
+            escape(x["name"]) or "-",
+            str(x["uid"]),
+            str(x["gid"]),
+            ", ".join(map(str, x["groups"])) or "-",
+            _when(x["created"]),
+        )
+    console.print(t)
+
+
+def _identity(d: dict) -> str:
+    groups = ",".join(map(str, d["groups"])) or "-"
+    name = f" ({escape(d['name'])})" if d["name"] else ""
+    return f"token {d['id']}{name}: uid {d['uid']}, gid {d['gid']}, groups {groups}"
+
+
+def show_created(d: dict, console: Console) -> None:
+    """The token string alone on the first line (``| head -1`` takes it), then what it is."""
+    console.print(d["token"], markup=False, highlight=False, soft_wrap=True)
+    console.print(_identity(d), highlight=False, soft_wrap=True)
+
+
+def show_revoked(d: dict, console: Console) -> None:
+    console.print(f"revoked {_identity(d)}", highlight=False, soft_wrap=True)
+
+
+def _group_list(text: str) -> list[int]:
+    """``--groups``: comma-separated group ids (empty: none)."""
+    try:
+        return [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of group ids: {text!r}"
+        ) from None
+
+
+def _add_token_parser(sub: argparse._SubParsersAction) -> None:
+    token = sub.add_parser(
+        "token", help="client tokens: identities for the metaserver's permission checks"
+    )
+    actions = token.add_subparsers(dest="token_action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a token (its string is shown only now)")
+    create.add_argument("--uid", type=int, required=True, help="user id the token acts as")
+    create.add_argument("--gid", type=int, required=True, help="its primary group id")
+    create.add_argument(
+        "--groups", type=_group_list, default=[], help="supplementary group ids, e.g. 10,20"
+    )
+    create.add_argument("--name", default="", help="a unique name to find it by")
+    listing = actions.add_parser("list", help="every live token (never their secrets)")
+    revoke = actions.add_parser("revoke", help="revoke a token")
+    revoke.add_argument("which", metavar="ID|NAME", help="the token's id or name")
+    for p in (create, listing, revoke):
+        # SUPPRESS: without it, the subcommand's default would undo ``admin --json token ...``
+        p.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
+        )
+
+
+def _token_request(client: AdminClient, args: argparse.Namespace) -> tuple[Any, Any]:
+    """The answer of ``emberfs admin token ACTION`` and the function that shows it."""
+    if args.token_action == "create":
+        body = {"uid": args.uid, "gid": args.gid, "groups": args.groups, "name": args.name}
+        return client.post("/api/v1/tokens", body), show_created
+    if args.token_action == "revoke":
+        which = urllib.parse.quote(args.which, safe="")
+        return client.delete(f"/api/v1/tokens/{which}"), show_revoked
+    return client.get("/api/v1/tokens"), show_tokens
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="emberfs admin", description="Show and steer an EmberFS cluster (admin REST API)."
@@ -343,12 +444,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=("status", "start", "pause"),
         help="status (default); start a pass now; pause until the next start",
     )
+    _add_token_parser(sub)
     return p.parse_args(argv)
 
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Carry out one parsed command; :class:`AdminError` on failure."""
-    client = AdminClient(args.admin, args.token)
+    client = AdminClient(args.admin, args.token, tls_ca=args.tls_ca)
     cmd = args.command
     if cmd == "status":
         data, show = client.get("/api/v1/cluster"), show_status
@@ -387,12 +489,16 @@ def run(args: argparse.Namespace, console: Console) -> None:
         else:
             data = client.post(f"/api/v1/scrub/{args.action}")
         show = show_scrub
+    elif cmd == "token":
+        data, show = _token_request(client, args)
     else:
         data, show = client.get("/api/v1/gc"), show_gc
     if args.json:
         console.print_json(data=data)
     else:
         show(data, console)
+    if cmd == "token" and args.token_action == "create":
+        print("emberfs admin: keep the token now: it is not shown again", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,10 +27,26 @@ GC_ACK = b"GCAK"  # GCAK + gc id (u64 BE) + target id (u32 BE) -> b"" (target dr
 NODE = b"NODE"  # NODE + node id (utf-8)              -> node record
 TARGET = b"TRGT"  # TRGT + target id (u32 BE)         -> target record
 CHAIN = b"CHAN"  # CHAN + chain id (u32 BE)           -> chain record
+# client tokens (identities an administrator creates and revokes)
+TOKEN = b"TOKN"  # TOKN + token id (utf-8)            -> token record (JSON)
+#                 TOKN                                  -> token guard (token_guard_key)
 # counters and settings
 CONFIG = b"CONF"  # CONF + name                       -> value
 
-ALL_PREFIXES = (INODE, DENTRY, SESSION, IDEMPOTENT, CUT, GC, GC_ACK, NODE, TARGET, CHAIN, CONFIG)
+ALL_PREFIXES = (
+    INODE,
+    DENTRY,
+    SESSION,
+    IDEMPOTENT,
+    CUT,
+    GC,
+    GC_ACK,
+    NODE,
+    TARGET,
+    CHAIN,
+    TOKEN,
+    CONFIG,
+)
 
 # names of the CONF keys
 NEXT_INODE = "next_inode"  # namespace id counters (u64 LE), reserved in blocks
@@ -154,6 +170,24 @@ def target_key(target_id: int) -> bytes:
 
 def chain_key(chain_id: int) -> bytes:
     return CHAIN + _U32_BE.pack(chain_id)
+
+
+def token_key(token_id: str) -> bytes:
+    return TOKEN + token_id.encode()
+
+
+def token_guard_key() -> bytes:
+    """The token guard: the prefix alone, before every token (token ids are never empty).
+
+    Every token creation changes it, so two creations that both checked a
+    name was free conflict instead of both committing.
+    """
+    return TOKEN
+
+
+def token_id_of(key: bytes) -> str:
+    """The token id of a token record's key."""
+    return key[len(TOKEN) :].decode()
 
 
 def config_key(name: str) -> bytes:

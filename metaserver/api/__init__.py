@@ -13,6 +13,9 @@
   ``POST /api/v1/fsck/repair``:
   steer it, with
   ``Authorization: Bearer <admin token>``;
+* ``POST /api/v1/tokens``, ``GET /api/v1/tokens``, ``DELETE /api/v1/tokens/{id or name}``:
+  create, list and revoke client tokens (identities for the permission checks), with the
+  admin token, listing too;
 * ``/metrics`` (Prometheus), ``/docs`` and ``/openapi.json``, and the
   dashboard at ``/`` (static HTML and JavaScript polling the API).
 
@@ -44,10 +47,12 @@ from emberfs.metaserver.api.routers import nodes as _nodes
 from emberfs.metaserver.api.routers import scrub as _scrub
 from emberfs.metaserver.api.routers import sessions as _sessions
 from emberfs.metaserver.api.routers import targets as _targets
+from emberfs.metaserver.api.routers import tokens as _tokens
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.fsck import Fsck
 from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.metrics import registry_for
+from emberfs.metaserver.tokens import TokenStore
 
 STATIC_DIR = Path(__file__).parent / "static"
 ROUTERS = (
@@ -61,6 +66,7 @@ ROUTERS = (
     _scrub,
     _fsck,
     _layouts,
+    _tokens,
     _metrics,
 )
 """The router modules, in the order the app includes them."""
@@ -98,6 +104,7 @@ def create_app(
     namespace: Any = None,
     *,
     admin_token: str | None = None,
+    tokens: TokenStore | None = None,
 ) -> FastAPI:
     """The admin application.
 
@@ -113,6 +120,9 @@ def create_app(
     admin_token : str or None, default None
         The bearer token of the steering routes; with None (or empty) they
         answer 403 "no admin token configured".
+    tokens : TokenStore or None, default None
+        The client tokens to create, list and revoke; the token routes
+        answer 503 without one.
 
     Returns
     -------
@@ -121,7 +131,8 @@ def create_app(
     app = FastAPI(
         title="EmberFS admin API",
         version=__version__,
-        description="Show and steer an EmberFS cluster: targets, chains, drains, GC, layouts.",
+        description="Show and steer an EmberFS cluster: targets, chains, drains, GC, layouts, "
+        "client tokens.",
     )
     app.state.cluster = cluster
     app.state.gc = gc
@@ -133,6 +144,7 @@ def create_app(
         pending_cuts=namespace.cuts if namespace is not None else None,
     )
     app.state.admin_token = admin_token or None
+    app.state.tokens = tokens
     app.state.registry = registry_for(cluster, gc, namespace)
 
     @app.exception_handler(errors.EmberError)

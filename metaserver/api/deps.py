@@ -1,9 +1,9 @@
 """Dependencies of the admin API routes, as ``Annotated`` aliases.
 
-``ClusterDep``, ``GCQueueDep`` and ``NamespaceDep`` hand a route the
-metaserver's cluster manager, GC queue and namespace (``NamespaceDep``
-answers 503 when the metaserver runs without one); ``AdminDep`` guards
-steering routes with the bearer token.
+``ClusterDep``, ``GCQueueDep``, ``NamespaceDep`` and ``TokensDep`` hand a
+route the metaserver's cluster manager, GC queue, namespace and token store
+(``NamespaceDep`` and ``TokensDep`` answer 503 when the metaserver runs
+without one); ``AdminDep`` guards steering routes with the bearer token.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.gcqueue import GCQueue
+from emberfs.metaserver.tokens import TokenStore
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -39,6 +40,14 @@ def get_namespace(request: Request) -> Any:
     if namespace is None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the namespace is not available")
     return namespace
+
+
+def get_tokens(request: Request) -> TokenStore:
+    """The token store of the app; 503 when the metaserver runs without one."""
+    tokens = request.app.state.tokens
+    if tokens is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "token store not available")
+    return tokens
 
 
 def require_admin(
@@ -69,4 +78,5 @@ def require_admin(
 ClusterDep = Annotated[ClusterManager, Depends(get_cluster)]
 GCQueueDep = Annotated[GCQueue, Depends(get_gc)]
 NamespaceDep = Annotated[Any, Depends(get_namespace)]
+TokensDep = Annotated[TokenStore, Depends(get_tokens)]
 AdminDep = Annotated[None, Depends(require_admin)]

@@ -227,6 +227,45 @@ class LayoutPublic(BaseModel):
     chain_table: list[int]
 
 
+class TokenIn(BaseModel):
+    """A client token to create: the identity it stands for, and a name to find it by."""
+
+    uid: U32
+    gid: U32 = Field(description="primary group")
+    groups: list[U32] = Field(
+        default_factory=list, max_length=64, description="supplementary groups"
+    )
+    name: str = Field(
+        "",
+        max_length=128,
+        description="printable, unique among live tokens, not in the form of a token id "
+        "(empty: unnamed)",
+    )
+
+
+class TokenPublic(BaseModel):
+    """A client token: the identity it stands for (never its secret)."""
+
+    id: str = Field(description="12 hex digits, the middle part of the token string")
+    name: str
+    uid: int
+    gid: int
+    groups: list[int]
+    created: int = Field(description="nanoseconds since the epoch")
+
+
+class TokenCreatedPublic(TokenPublic):
+    """A token just created, with its string: the only time the API shows it."""
+
+    token: str = Field(description="``emb1.<id>.<secret>``, the bearer token of the client")
+
+
+class TokenListPublic(BaseModel):
+    """Every live client token, oldest first."""
+
+    tokens: list[TokenPublic]
+
+
 ERROR_RESPONSES: dict[int | str, dict] = {
     code: {"model": ErrorPublic, "description": text}
     for code, text in (
