@@ -139,6 +139,10 @@ class ClusterManager:
         # the metaserver's ClusterService for storage nodes, told to them in answers
         # (empty: they keep the address they registered with)
         self.cluster_address = ""
+        # the cluster's keys, for the calls it and its helpers make to storage servers
+        # (None: the cluster runs without authentication)
+        self.keys = None
+        self.tls = None  # and the TLS files of those calls (None: plaintext)
         self.grace = grace if grace is not None else Grace(clock=clock)
         self.clock = self.grace.clock
         self._lock = threading.RLock()

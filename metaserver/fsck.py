@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from emberfs.common import errors, extents
+from emberfs.common import errors, extents, grpcauth
 from emberfs.common.layout import chunk_chain
 from emberfs.common.routing import RoutingView, TargetView
 from emberfs.metaserver import cuts, keys, records
@@ -306,7 +306,9 @@ class Fsck:
     ) -> Iterator[tuple[int, int, int, storage_pb2.ChunkMeta]]:
         page = DEEP_PAGE if check == storage_pb2.CHUNK_CHECK_BLOCKS else LIST_PAGE
         after = None
-        with grpc.insecure_channel(target.grpc_address) as channel:
+        with grpcauth.channel(
+            target.grpc_address, keys=self.cluster.keys, tls=self.cluster.tls
+        ) as channel:
             stub = storage_pb2_grpc.StorageServiceStub(channel)
             while True:
                 req = storage_pb2.ListChunksRequest(
@@ -459,7 +461,9 @@ class Fsck:
             target_id=target.target_id, inode=inode, limit=LIST_PAGE
         )
         try:
-            with grpc.insecure_channel(target.grpc_address) as channel:
+            with grpcauth.channel(
+                target.grpc_address, keys=self.cluster.keys, tls=self.cluster.tls
+            ) as channel:
                 stub = storage_pb2_grpc.StorageServiceStub(channel)
                 return list(stub.ListChunks(req, timeout=LIST_TIMEOUT).chunks)
         except grpc.RpcError as exc:
@@ -469,7 +473,14 @@ class Fsck:
         """Chunk ``index`` of ``inode`` on ``target`` now, checked as the pass checks (None: absent)."""
         try:
             return list_chunk(
-                target, inode, index, check=self.check, mark_damaged=self.mark, timeout=LIST_TIMEOUT
+                target,
+                inode,
+                index,
+                check=self.check,
+                mark_damaged=self.mark,
+                timeout=LIST_TIMEOUT,
+                keys=self.cluster.keys,
+                tls=self.cluster.tls,
             )
         except grpc.RpcError as exc:
             raise _unanswered(target, inode, exc) from None

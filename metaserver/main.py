@@ -13,6 +13,14 @@ records. Both judge by a :class:`~emberfs.metaserver.grace.Grace` that
 notices the process's own stalls. Once the servers listen, the process
 prints ``READY metaserver <grpc address> admin <http address> cluster <grpc
 address>`` on stdout; SIGTERM or SIGINT stops it cleanly.
+
+With the cluster's key file (``--secret-file``) both gRPC servers check every
+call's credentials (:class:`~emberfs.common.grpcauth.AuthInterceptor`: a
+client's token, resolved by the :class:`~emberfs.metaserver.tokens.TokenStore`,
+or a server's credential), opens hand out signed chunk capabilities, and the
+metaserver's own calls to storage servers carry the server credential;
+``--insecure`` turns all of that off. ``--max-pending-calls`` bounds the calls
+admitted at once (more get ``RESOURCE_EXHAUSTED``).
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ from pathlib import Path
 
 import grpc
 
+from emberfs.common import grpcauth, wire
 from emberfs.common import layout as layout_rules
-from emberfs.common import wire
 from emberfs.common.addresses import join_address, split_address
+from emberfs.common.auth import add_secret_arguments, keys_from_args, tls_from_args
+from emberfs.common.grpcauth import AuthInterceptor
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver import service as meta_service
 from emberfs.metaserver.chunk_truncation import truncate_chunks
@@ -43,6 +53,7 @@ from emberfs.metaserver.kv import KVEngine, RocksEngine
 from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.namespace import Namespace
 from emberfs.metaserver.repair import ReadRepair, stat_inode_of
+from emberfs.metaserver.tokens import TokenStore
 from emberfs.proto import common_pb2
 
 log = logging.getLogger("emberfs.metaserver")
@@ -105,8 +116,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=300.0,
         help="seconds a write session lives without a lease renewal (default 300)",
     )
+    p.add_argument(
+        "--capability-ttl",
+        type=float,
+        default=300.0,
+        help="seconds a chunk capability handed out with an open is valid (default 300); "
+        "a revoked token's capabilities stop working within it",
+    )
+    p.add_argument(
+        "--max-pending-calls",
+        type=int,
+        default=1024,
+        help="gRPC calls admitted at once (running or waiting for a worker); more are "
+        "answered RESOURCE_EXHAUSTED (default 1024)",
+    )
+    add_secret_arguments(p)
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
+    args.keys = keys_from_args(p, args)
+    args.tls = tls_from_args(p, args)
+    if not args.capability_ttl > 0:
+        p.error("--capability-ttl must be positive")
+    if args.max_pending_calls < 1:
+        p.error("--max-pending-calls must be at least 1")
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
     if not args.heartbeat_timeout > 0:
@@ -141,7 +173,12 @@ def build_namespace(
         engine,
         chain_table=cluster.chain_table,
         truncate_chunks=partial(
-            truncate_chunks, cluster, pool=wire.ConnectionPool(max_per_address=None)
+            truncate_chunks,
+            cluster,
+            pool=wire.ConnectionPool(
+                max_per_address=None,
+                credential=cluster.keys.server_credential() if cluster.keys else None,
+            ),
         ),
         usage=cluster.usage,
         default_layout=common_pb2.Layout(chunk_size=args.chunk_size, stripe=args.stripe),
@@ -207,22 +244,25 @@ def _check_loop(cluster: ClusterManager, stop: threading.Event, interval: float)
             log.exception("cluster timeout check failed")
 
 
-def _bind(server: grpc.Server, address: str) -> int:
-    """Bind ``server`` to ``address``; the port (0: it could not)."""
+def _bind(server: grpc.Server, address: str, tls=None) -> int:
+    """Bind ``server`` to ``address`` (with TLS when ``tls`` has a certificate); the port (0: it could not)."""
     try:
-        return server.add_insecure_port(address)
+        return grpcauth.add_port(server, address, tls)
     except RuntimeError as exc:
         log.error("cannot listen on %s: %s", address, exc)
         return 0
 
 
-def _start_admin(app, address: str):
+def _start_admin(app, address: str, tls=None):
     import uvicorn
 
     host, port = split_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    https = {}
+    if tls is not None and tls.cert:
+        https = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", **https)
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="admin-http", daemon=True
@@ -256,17 +296,26 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_timeout=args.heartbeat_timeout,
             grace=Grace(max_gap=max_gap),
         )
+        cluster.keys = args.keys
+        cluster.tls = args.tls
+        tokens = TokenStore(engine, admin_token=args.admin_token)
+        interceptors = [MetricsInterceptor()]
+        if args.keys is not None:
+            interceptors.append(AuthInterceptor(args.keys, tokens.resolve))
         grpc_server, cluster_server = (
             grpc.server(
                 futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name),
                 options=[("grpc.so_reuseport", 0)],
-                interceptors=[MetricsInterceptor()],
+                interceptors=interceptors,
+                maximum_concurrent_rpcs=args.max_pending_calls,
             )
             for workers, name in ((GRPC_WORKERS, "grpc"), (CLUSTER_WORKERS, "cluster-grpc"))
         )
         gc = GCQueue(cluster)
         namespace = build_namespace(engine, cluster, gc, args)
-        meta_service.add_to_server(meta_service.MetaServicer(namespace), grpc_server)
+        meta_service.add_to_server(
+            meta_service.MetaServicer(namespace, args.keys, args.capability_ttl), grpc_server
+        )
         repair = ReadRepair(cluster, stat_inode_of(namespace))
         servicer = cluster_service.ClusterServicer(cluster, gc, repair)
         cluster_service.add_to_server(servicer, grpc_server)
@@ -274,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         host, _ = split_address(args.listen)
         cluster_listen = args.cluster_listen or join_address(host, 0)
         cluster_host, _ = split_address(cluster_listen)
-        port = _bind(grpc_server, args.listen)
-        cluster_port = port and _bind(cluster_server, cluster_listen)
+        port = _bind(grpc_server, args.listen, args.tls)
+        cluster_port = port and _bind(cluster_server, cluster_listen, args.tls)
         if not cluster_port:
             where = cluster_listen if port else args.listen
             print(f"emberfs metaserver: cannot listen on {where}", file=sys.stderr)
@@ -287,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         from emberfs.metaserver.api import create_app
 
         try:
-            app = create_app(cluster, gc, namespace, admin_token=args.admin_token)
-            admin = _start_admin(app, args.admin_listen)
+            app = create_app(cluster, gc, namespace, admin_token=args.admin_token, tokens=tokens)
+            admin = _start_admin(app, args.admin_listen, args.tls)
         except OSError as exc:
             print(
                 f"emberfs metaserver: cannot listen on {args.admin_listen}: {exc}", file=sys.stderr

@@ -418,6 +418,10 @@ class Namespace:
         )
         return out
 
+    def authorize(self, req: meta_pb2.AuthorizeRequest) -> common_pb2.InodeAttr:
+        """The file a chunk capability is asked for, once the caller may have it."""
+        return self._run(sessions.authorize, req, None)
+
     def renew_sessions(self, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSessionsResponse:
         """Renew write-session leases; the response lists sessions that are gone.
 

@@ -26,10 +26,12 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 
-from emberfs.common import errors, extents
+from emberfs.common import errors, extents, grpcauth
+from emberfs.common.auth import ClusterKeys
 from emberfs.common.routing import ChainView, RoutingView, TargetView
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.proto import cluster_pb2, common_pb2, meta_pb2, storage_pb2, storage_pb2_grpc
@@ -48,12 +50,15 @@ def list_chunk(
     check: int = storage_pb2.CHUNK_CHECK_NONE,
     mark_damaged: bool = False,
     timeout: float = CHECK_TIMEOUT,
+    keys: ClusterKeys | None = None,
+    tls: grpcauth.TLSFiles | None = None,
 ) -> storage_pb2.ChunkMeta | None:
     """Chunk ``index`` of ``inode`` on ``target`` as its storage server lists it (None: absent).
 
-    ``check`` and ``mark_damaged`` as in ``ListChunksRequest``.
+    ``check`` and ``mark_damaged`` as in ``ListChunksRequest``; ``keys`` sign the
+    call, over TLS with ``tls``.
     """
-    with grpc.insecure_channel(target.grpc_address) as channel:
+    with grpcauth.channel(target.grpc_address, keys=keys, tls=tls) as channel:
         stub = storage_pb2_grpc.StorageServiceStub(channel)
         req = storage_pb2.ListChunksRequest(
             target_id=target.target_id,
@@ -72,6 +77,9 @@ def list_chunk(
     return None
 
 
+_replica_chunk = list_chunk  # the default of ReadRepair's list_chunk
+
+
 class ReadRepair:
     """Checks readers' reports of replicas without data, and resyncs the replicas found so.
 
@@ -81,7 +89,8 @@ class ReadRepair:
     stat_inode : callable
         ``stat_inode(inode)`` -> the file's ``InodeAttr``; raises
         :class:`errors.EmberError` when there is no such file.
-    list_chunk : callable, default :func:`list_chunk`
+    list_chunk : callable, optional
+        Default: :func:`list_chunk` with the cluster's keys.
         How a replica's chunk is asked for (tests substitute their own).
     """
 
@@ -89,11 +98,11 @@ class ReadRepair:
         self,
         cluster: ClusterManager,
         stat_inode: Callable[[int], common_pb2.InodeAttr],
-        list_chunk: Callable[[TargetView, int, int], storage_pb2.ChunkMeta | None] = list_chunk,
+        list_chunk: Callable[[TargetView, int, int], storage_pb2.ChunkMeta | None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.stat_inode = stat_inode
-        self.list_chunk = list_chunk
+        self.list_chunk = list_chunk or partial(_replica_chunk, keys=cluster.keys, tls=cluster.tls)
         self._queue: queue.Queue[cluster_pb2.ReportLostChunkRequest] = queue.Queue(QUEUE_LIMIT)
         self._queued: set[int] = set()  # targets with a report waiting
         self._lock = threading.Lock()

@@ -3,6 +3,14 @@
 Typed errors become a gRPC status plus the ``emberfs-errno`` trailer in one
 place (:func:`emberfs.common.errors.to_grpc`); anything unexpected is logged
 with its traceback and answered with INTERNAL.
+
+With the cluster's keys, every open of a file (``Open``, ``BatchOpen``,
+``BatchWriteOpen``) and every ``Authorize`` comes back with a signed chunk
+capability (:meth:`~emberfs.common.auth.ClusterKeys.sign_capability`) for
+the access the open gave: read for a read open, write (and read where the
+caller may read) for a write open. Storage servers check it on every chunk
+read and write. Capabilities are made here, after the namespace call, so a
+retried open whose answer was recorded still gets a fresh one.
 """
 
 from __future__ import annotations
@@ -14,8 +22,11 @@ from typing import Any
 import grpc
 
 from emberfs.common import errors
+from emberfs.common.auth import ClusterKeys
+from emberfs.metaserver import access
 from emberfs.metaserver.namespace import Namespace
-from emberfs.proto import meta_pb2, meta_pb2_grpc
+from emberfs.metaserver.opcontext import Credentials
+from emberfs.proto import common_pb2, meta_pb2, meta_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +38,29 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     ----------
     namespace : Namespace
         The namespace every call goes to.
+    keys : ClusterKeys or None
+        The cluster's keys, to sign chunk capabilities (None: none are given).
+    capability_ttl : float, default 300
+        Seconds a capability is valid; clients renew theirs before then.
     """
 
-    def __init__(self, namespace: Namespace):
+    def __init__(
+        self, namespace: Namespace, keys: ClusterKeys | None = None, capability_ttl: float = 300.0
+    ):
         self.namespace = namespace
+        self.keys = keys
+        self.capability_ttl = capability_ttl
+
+    def _capability(
+        self, ctx: common_pb2.RequestContext, attr: common_pb2.InodeAttr, write: bool
+    ) -> bytes:
+        """The signed capability of an opened file (empty without keys, or for a directory)."""
+        if self.keys is None or attr.type != common_pb2.FILE:
+            return b""
+        read = not write or access.allowed(attr, Credentials.from_request(ctx), access.READ)
+        return self.keys.sign_capability(
+            attr.inode, read=read, write=write, ttl=self.capability_ttl
+        )
 
     def _call(self, fn: Callable[[Any], Any], request: Any, context: grpc.ServicerContext) -> Any:
         try:
@@ -55,10 +85,16 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return self._call(self.namespace.create, request, context)
 
     def Open(self, request, context):
-        return self._call(self.namespace.open, request, context)
+        resp = self._call(self.namespace.open, request, context)
+        resp.capability = self._capability(request.ctx, resp.attr, resp.session_id != 0)
+        return resp
 
     def BatchOpen(self, request, context):
-        return self._call(self.namespace.batch_open, request, context)
+        resp = self._call(self.namespace.batch_open, request, context)
+        for result in resp.results:
+            if not result.errno:
+                result.capability = self._capability(request.ctx, result.attr, False)
+        return resp
 
     def Sync(self, request, context):
         return self._call(self.namespace.sync, request, context)
@@ -67,7 +103,12 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         return self._call(self.namespace.close, request, context)
 
     def BatchWriteOpen(self, request, context):
-        return self._call(self.namespace.batch_write_open, request, context)
+        resp = self._call(self.namespace.batch_write_open, request, context)
+        for result in resp.results:
+            if not result.errno:
+                opened = result.opened
+                opened.capability = self._capability(request.ctx, opened.attr, True)
+        return resp
 
     def BatchClose(self, request, context):
         return self._call(self.namespace.batch_close, request, context)
@@ -107,6 +148,12 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     def RenewSessions(self, request, context):
         return self._call(self.namespace.renew_sessions, request, context)
+
+    def Authorize(self, request, context):
+        attr = self._call(self.namespace.authorize, request, context)
+        return meta_pb2.AuthorizeResponse(
+            capability=self._capability(request.ctx, attr, request.session_id != 0)
+        )
 
     def Ping(self, request, context):
         return meta_pb2.PingResponse()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from emberfs.common import extents
-from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
+from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound, PermissionDenied
 from emberfs.metaserver import access, keys, lookup, records
 from emberfs.metaserver.kv import KVEngine
 from emberfs.metaserver.opcontext import OpContext
@@ -130,6 +130,31 @@ def _session_file(op: OpContext, inode: int, session_id: int) -> common_pb2.Inod
         raise NotFound(f"no inode {inode}")
     if op.get_session(inode, session_id) is None:
         raise InvalidArgument(f"no write session {session_id} on inode {inode}")
+    return attr
+
+
+def authorize(op: OpContext, req: meta_pb2.AuthorizeRequest) -> common_pb2.InodeAttr:
+    """The file a fresh chunk capability is asked for, once the caller may have it.
+
+    Read access (``session_id`` 0) needs read permission on the file; write
+    access needs the caller's own open write session on it (the session's
+    client id is the caller's) and write permission. The namespace's caller
+    signs the capability (:class:`emberfs.metaserver.service.MetaServicer`).
+    """
+    if req.session_id:
+        attr = _session_file(op, req.inode, req.session_id)
+        raw = op.get_session(req.inode, req.session_id)
+        session = records.decode_session(keys.session_key(req.inode, req.session_id), raw)
+        if session.client_id != op.client_id:
+            raise PermissionDenied(f"write session {req.session_id} is another client's")
+        access.check(attr, op.creds, access.WRITE, f"inode {req.inode}")
+        return attr
+    attr = op.get_inode(req.inode)
+    if attr is None:
+        raise NotFound(f"no inode {req.inode}")
+    if attr.type != common_pb2.FILE:
+        raise InvalidArgument(f"inode {req.inode} is not a file")
+    access.check(attr, op.creds, access.READ, f"inode {req.inode}")
     return attr
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from emberfs.client.fs import EmberFileSystem
 
-TOKEN = "test-admin-token"
+TOKEN = os.environ["EMBERFS_ADMIN_TOKEN"]  # the suite's admin token (tests/conftest.py)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -152,7 +152,7 @@ def test_sessions_gc_layouts_and_metrics(cluster, fs):
     assert 'emberfs_inodes{type="directories"}' in text
 
 
-def test_steering_refused_without_configured_token(cluster):
+def test_steering_refused_with_a_wrong_token(cluster):
     for method, path in (
         ("POST", "/api/v1/targets/1/offline"),
         ("POST", "/api/v1/targets/1/drain"),
@@ -160,7 +160,7 @@ def test_steering_refused_without_configured_token(cluster):
     ):
         resp = api(cluster, path, method, headers={"Authorization": "Bearer guess"})
         assert resp.status_code == 403
-        assert resp.json() == {"detail": "no admin token configured"}
+        assert resp.json() == {"detail": "wrong admin token"}
     assert api(cluster, "/api/v1/targets/1").json()["state"] == "serving"
 
 

@@ -62,7 +62,7 @@ return {
 """
 
 
-TOKEN = "dashboard-test-token"
+TOKEN = os.environ["EMBERFS_ADMIN_TOKEN"]  # the suite's admin token (tests/conftest.py)
 
 
 def snapshot(driver) -> dict:

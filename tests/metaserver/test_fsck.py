@@ -18,7 +18,7 @@ from tests.client.test_lost_data import chunk_metas
 from tests.storageserver.test_scrub import chunk_file, flip
 
 MiB = 1024 * 1024
-TOKEN = "fsck-test-token"
+TOKEN = os.environ["EMBERFS_ADMIN_TOKEN"]  # the suite's admin token (tests/conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 

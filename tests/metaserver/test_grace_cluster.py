@@ -13,11 +13,11 @@ import signal
 import threading
 import time
 
-import grpc
 import httpx
 import pytest
 
 from emberfs.client.fs import EmberFileSystem
+from emberfs.common import grpcauth
 from emberfs.proto import common_pb2, meta_pb2, meta_pb2_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -72,10 +72,13 @@ def test_a_stopped_metaserver_blames_no_storage_server_for_its_own_silence(priva
     assert stalls_noticed(c) >= 1
 
 
-def _flood(address: str, base: str, stop: threading.Event, depth: int, limit: int) -> int:
+def _flood(
+    address: str, token: str, base: str, stop: threading.Event, depth: int, limit: int
+) -> int:
     """Keep ``depth`` Create calls in flight until ``stop`` or ``limit`` calls; the calls answered."""
     ctx = common_pb2.RequestContext(client_id=base)
-    with grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    with grpcauth.channel(address, token=token, options=options) as ch:
         stub = meta_pb2_grpc.MetaServiceStub(ch)
         pending = []
         answered = 0
@@ -107,7 +110,7 @@ def test_heartbeats_get_through_a_flood_of_metadata_calls(private_cluster):
     threads = [
         threading.Thread(
             target=lambda i=i: answered.append(
-                _flood(c.meta_address, f"/flood{i}", stop, depth=256, limit=20000)
+                _flood(c.meta_address, c.admin_token, f"/flood{i}", stop, depth=256, limit=20000)
             )
         )
         for i in range(16)

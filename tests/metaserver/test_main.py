@@ -39,6 +39,7 @@ class Metaserver:
             "127.0.0.1:0",
             "--heartbeat-timeout",
             str(HEARTBEAT_TIMEOUT),
+            "--insecure",  # these tests call the services as nodes and clients would, bare
         ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         sel = selectors.DefaultSelector()
@@ -257,7 +258,17 @@ def test_failover_and_restart_keep_chains_and_versions(metaserver):
 
 
 def test_bad_arguments_exit_with_usage_error(tmp_path):
-    for args in (["--chunk-size", "1000"], ["--replicas", "0"], ["--listen", "nowhere"]):
+    (tmp_path / "short.key").write_text("too short\n")
+    for args in (
+        ["--chunk-size", "1000", "--insecure"],
+        ["--replicas", "0", "--insecure"],
+        ["--listen", "nowhere", "--insecure"],
+        [],  # neither a key file nor --insecure
+        ["--secret-file", str(tmp_path / "missing.key")],
+        ["--secret-file", str(tmp_path / "short.key")],
+        ["--insecure", "--tls-cert", str(tmp_path / "short.key")],  # no key with it
+        ["--insecure", "--capability-ttl", "0"],
+    ):
         proc = subprocess.run(
             [sys.executable, "-m", "emberfs.cli.main", "metaserver", "--data-dir", str(tmp_path)]
             + args,
