@@ -20,10 +20,12 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 
+from emberfs.client.capabilities import Capabilities
 from emberfs.client.lanes import PendingRead, ReadLanes, check_answer
 from emberfs.client.retry import RequestIds, TransientError, retry
 from emberfs.client.routing import RoutingCache
 from emberfs.common import framing, wire
+from emberfs.common.auth import CapabilityCredential
 from emberfs.common.framing import Op
 from emberfs.common.routing import ChainView, RoutingView, TargetView
 from emberfs.proto import cluster_pb2, data_pb2
@@ -129,6 +131,10 @@ class DataClient:
         ``on_lacking(chain, target, inode, index, length)``: a serving
         replica lacked the first ``length`` bytes of a chunk that another
         replica of its chain then served (see :class:`LackingReplicas`).
+    capabilities : Capabilities, optional
+        The chunk capabilities of the open files, whose credentials every
+        read and write of their chunks carries. A storage server's DENIED
+        renews the capability once; a second one is a PermissionError.
 
     Attributes
     ----------
@@ -146,8 +152,10 @@ class DataClient:
         read_timeout: float = 60.0,
         write_timeout: float = 60.0,
         on_lacking: Callable[[ChainView, TargetView, int, int, int], None] | None = None,
+        capabilities: Capabilities | None = None,
     ) -> None:
         self.routing = routing
+        self.capabilities = capabilities
         self.on_lacking = on_lacking
         self.ids = ids
         self.pool = pool
@@ -179,6 +187,7 @@ class DataClient:
         index: int,
         offset: int,
         out: memoryview,
+        credential: CapabilityCredential | None = None,
     ) -> int:
         req = self._read_request(target, chain, inode, index, offset, len(out))
 
@@ -201,7 +210,25 @@ class DataClient:
             out[:n] = tmp[resp.skip : resp.skip + n]
             return n
 
-        return wire.call(self.pool, target.data_address, Op.READ, req, receive=receive)
+        return wire.call(
+            self.pool,
+            target.data_address,
+            Op.READ,
+            req,
+            receive=receive,
+            credential=credential,
+        )
+
+    def _credential(self, inode: int, write: bool) -> CapabilityCredential | None:
+        caps = self.capabilities
+        return caps.credential(inode, write) if caps is not None else None
+
+    def _denied(self, inode: int, write: bool, denials: list, exc: wire.Denied) -> None:
+        """A storage server refused the credentials: renew them once, then give up."""
+        if denials or self.capabilities is None:
+            raise PermissionError(errno.EACCES, f"storage refused the credentials: {exc.message}")
+        denials.append(exc)
+        self.capabilities.forget(inode, write)
 
     # reads -------------------------------------------------------------------
     def _replicas(self, chain: ChainView) -> list[TargetView]:
@@ -242,6 +269,7 @@ class DataClient:
             return
         seen: list[RoutingView | None] = [None]
         fatal: list[BaseException] = []
+        denials: list[wire.Denied] = []
 
         def attempt() -> None:
             info, chain = self.routing.chain(chain_id)
@@ -250,16 +278,20 @@ class DataClient:
             bad_requests = 0
             missing = 0  # replicas without the chunk, or with less of it than ``need``
             lacking: list[TargetView] = []
+            credential = self._credential(inode, write=False)
             for target in self._replicas(chain):
                 address = target.data_address
                 with self._lock:
                     self._outstanding[address] += 1
                 try:
-                    n = self._read_once(target, chain, inode, index, offset, out)
+                    n = self._read_once(target, chain, inode, index, offset, out, credential)
                 except wire.ChunkNotFound:
                     missing += 1
                     lacking.append(target)
                     continue
+                except wire.Denied as exc:
+                    self._denied(inode, False, denials, exc)
+                    raise TransientError(f"{address}: {exc}") from None
                 except wire.Refused as exc:
                     failures.append(f"{address}: {exc}")
                     if isinstance(exc, wire.BadRequest):
@@ -318,12 +350,16 @@ class DataClient:
         # Sent reads hold their lane's connection until the caller wants the
         # data; the server's other connections serve the fetches that the
         # caller may be waiting for meanwhile.
+        try:
+            credential = self._credential(inode, write=False)
+        except OSError:
+            return None  # read the usual way, which raises it
         for target in self._replicas(chain):
             address = target.data_address
             if self.pool.is_bad(address):
                 continue
             req = self._read_request(target, chain, inode, index, offset, length)
-            pending = self.lanes.send(address, req, (inode, index, offset), length)
+            pending = self.lanes.send(address, req, (inode, index, offset), length, credential)
             if pending is not None:
                 return pending
         return None
@@ -348,6 +384,7 @@ class DataClient:
         request_id = self.ids.next()
         seen: list[RoutingView | None] = [None]
         payload = memoryview(data).cast("B")
+        denials: list[wire.Denied] = []
 
         def attempt() -> data_pb2.ChunkWriteResponse:
             info, chain = self.routing.chain(chain_id)
@@ -355,6 +392,7 @@ class DataClient:
             head = chain.head
             if head is None:
                 raise TransientError(f"chain {chain_id} has no serving head")
+            credential = self._credential(inode, write=True)
             req = data_pb2.ChunkWriteRequest(
                 chain_id=chain_id,
                 chain_version=chain.version,
@@ -367,8 +405,18 @@ class DataClient:
             ).SerializeToString()
 
             try:
-                meta = wire.call(self.pool, head.data_address, Op.WRITE, req, payload)
+                meta = wire.call(
+                    self.pool,
+                    head.data_address,
+                    Op.WRITE,
+                    req,
+                    payload,
+                    credential=credential,
+                )
                 return data_pb2.ChunkWriteResponse.FromString(meta)
+            except wire.Denied as exc:
+                self._denied(inode, True, denials, exc)
+                raise TransientError(f"{head.data_address}: {exc}") from None
             except wire.NoSpace as exc:
                 raise OSError(
                     errno.ENOSPC,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import os
 import re
 import threading
 
@@ -24,6 +23,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import stringify_path, tokenize
 
+from emberfs.client import config
 from emberfs.client.chunkio import ChunkIO
 from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, WriteSessions, attr_info, is_a_directory
@@ -33,15 +33,9 @@ from emberfs.client.runtime import ProcessRuntime
 from emberfs.client.transfer import BatchTransfer
 from emberfs.proto import common_pb2, meta_pb2
 
-DEFAULT_META = "127.0.0.1:9400"
 _PROTOCOLS = ("emberfs", "ember")
 _URL = re.compile(r"^(?:emberfs|ember)://")
 _MAGIC = re.compile(r"[*?\[]")
-
-
-def default_meta() -> str:
-    """The metaserver address from ``EMBERFS_META`` (or 127.0.0.1:9400)."""
-    return os.environ.get("EMBERFS_META") or DEFAULT_META
 
 
 class EmberFileSystem(AbstractFileSystem):
@@ -50,8 +44,17 @@ class EmberFileSystem(AbstractFileSystem):
     Parameters
     ----------
     meta : str or None
-        ``host:port`` of the metaserver; None reads ``EMBERFS_META``
-        (default ``127.0.0.1:9400``). A URL's host:port sets it.
+        ``host:port`` of the metaserver; None reads ``EMBERFS_META``, then the
+        client config file (:mod:`emberfs.client.config`; default
+        ``127.0.0.1:9400``). A URL's host:port sets it.
+    token : str or None
+        The client's token (``emberfs admin token create``): the identity its
+        calls act as. None reads ``EMBERFS_TOKEN``, then the config file. A
+        cluster with authentication refuses calls without a valid one
+        (PermissionError).
+    tls_ca : str or None
+        CA certificate (PEM) of a metaserver that speaks TLS; None reads the
+        config file's ``tls_ca`` (no TLS without one).
     readahead_depth : int, default 8
         Chunks fetched ahead of a sequential reader.
     write_depth : int, default 8
@@ -121,10 +124,14 @@ class EmberFileSystem(AbstractFileSystem):
         " stall_check auto_mkdir list_page session_renew_interval keep_memory".split()
     )
 
-    def __init__(self, meta: str | None = None, **kwargs) -> None:
+    def __init__(
+        self, meta: str | None = None, token: str | None = None, tls_ca: str | None = None, **kwargs
+    ) -> None:
         options = {k: kwargs.pop(k) for k in self._OPTIONS if k in kwargs}
         super().__init__(**kwargs)
-        self.meta = meta or default_meta()
+        self.meta = meta or config.default_meta()
+        self.token = token or config.default_token()
+        self.tls_ca = tls_ca or config.setting("tls_ca")
         for name, value in options.items():
             setattr(self, name, value)
         self.blocksize = self.default_block_size

@@ -210,12 +210,18 @@ class ReadLanes:
         self._lanes: dict[str, _Lane] = {}  # the connection of each server's sent reads
 
     def send(
-        self, address: str, req: bytes, chunk: tuple[int, int, int], length: int
+        self,
+        address: str,
+        req: bytes,
+        chunk: tuple[int, int, int],
+        length: int,
+        credential: framing.Credential | None = None,
     ) -> PendingRead | None:
         """Send the read request ``req`` to ``address`` on its lane; receive it later.
 
         ``chunk`` is the ``(inode, index, offset)`` it asks and ``length`` its
-        size, which its answer must match. Returns None when the server has its
+        size, which its answer must match; ``credential`` goes in its auth
+        section. Returns None when the server has its
         fill of sent reads or no free connection for a lane.
         """
         for _ in range(2):  # the lane may retire between finding it and sending on it
@@ -227,7 +233,7 @@ class ReadLanes:
                 lane = self._open_lane(address)
                 if lane is None:
                     return None
-            pending = self._send_on(lane, req, chunk, length)
+            pending = self._send_on(lane, req, chunk, length, credential)
             if pending is not None:
                 return pending
         return None
@@ -250,7 +256,12 @@ class ReadLanes:
         return lane
 
     def _send_on(
-        self, lane: _Lane, req: bytes, chunk: tuple[int, int, int], length: int
+        self,
+        lane: _Lane,
+        req: bytes,
+        chunk: tuple[int, int, int],
+        length: int,
+        credential: framing.Credential | None,
     ) -> PendingRead | None:
         """Queue a read on ``lane`` and send its request (one step, so answers keep the order)."""
         address = lane.address
@@ -263,7 +274,7 @@ class ReadLanes:
                 self._pending[address] += 1
                 self._outstanding[address] += 1
             try:
-                framing.send_frame(lane.sock, Op.READ, req, None)
+                framing.send_frame(lane.sock, Op.READ, req, None, credential=credential)
             except OSError:
                 self._break(lane)
                 self._end(pending)

@@ -18,8 +18,11 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from emberfs.client import config
+from emberfs.client.capabilities import Capabilities
 from emberfs.client.retry import RequestIds, retry
-from emberfs.common import errors
+from emberfs.common import errors, grpcauth
+from emberfs.common.grpcauth import TLSFiles
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2, meta_pb2, meta_pb2_grpc
 
 #: Paths (or sessions) per ``BatchOpen``, ``BatchWriteOpen``, ``BatchClose`` or
@@ -44,6 +47,16 @@ class MetaClient:
         How long calls are retried while the metaserver is unavailable.
     ids : RequestIds or None
         Client and request ids; a new set when None.
+    token : str or None
+        The client's token, sent with every call; None reads ``EMBERFS_TOKEN``,
+        then the client config file.
+    tls_ca : str or None
+        CA certificate (PEM path) of a metaserver that speaks TLS.
+
+    Attributes
+    ----------
+    capabilities : Capabilities
+        The chunk capabilities of the files opened through this client.
     """
 
     def __init__(
@@ -53,8 +66,13 @@ class MetaClient:
         timeout: float = 30.0,
         retry_timeout: float = 30.0,
         ids: RequestIds | None = None,
+        token: str | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.address = address
+        self.token = token if token is not None else config.default_token()
+        self.tls = TLSFiles(ca=tls_ca) if tls_ca else None
+        self.capabilities = Capabilities(self.authorize)
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.ids = ids or RequestIds()
@@ -76,8 +94,10 @@ class MetaClient:
             return meta, cluster
         with self._lock:
             if self._channel is None:
-                self._channel = grpc.insecure_channel(
+                self._channel = grpcauth.channel(
                     self.address,
+                    token=self.token,
+                    tls=self.tls,
                     options=[
                         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                         ("grpc.enable_retries", 0),
@@ -151,7 +171,22 @@ class MetaClient:
     def open(self, path: str, flags: int, mode: int = 0o644) -> meta_pb2.OpenResponse:
         """Open ``path`` (one round trip: attributes, layout, write session)."""
         req = meta_pb2.OpenRequest(ctx=self.context(), path=path, flags=flags, mode=mode)
-        return self.meta("Open", req, path)
+        return self._opened(self.meta("Open", req, path))
+
+    def authorize(self, inode: int, session_id: int = 0) -> bytes:
+        """A fresh chunk capability for ``inode`` (read; write through ``session_id``)."""
+        req = meta_pb2.AuthorizeRequest(ctx=self.context(), inode=inode, session_id=session_id)
+        return self.meta("Authorize", req).capability
+
+    def _opened(self, resp: meta_pb2.OpenResponse) -> meta_pb2.OpenResponse:
+        if resp.attr.type == common_pb2.FILE:  # only files have chunks, and capabilities
+            self.capabilities.learn(resp.capability, resp.session_id)
+        return resp
+
+    def _read_opened(self, result: meta_pb2.BatchStatResult) -> common_pb2.InodeAttr:
+        if result.attr.type == common_pb2.FILE:
+            self.capabilities.learn(result.capability)
+        return result.attr
 
     def batch_open(self, paths: Sequence[str]) -> list[common_pb2.InodeAttr | OSError]:
         """Read-only opens of many paths, :data:`BATCH_OPEN` to a round trip.
@@ -164,7 +199,7 @@ class MetaClient:
             paths,
             paths,
             lambda part: meta_pb2.BatchOpenRequest(ctx=self.context(), paths=part),
-            lambda r: r.attr,
+            self._read_opened,
         )
 
     def batch_write_open(
@@ -183,7 +218,7 @@ class MetaClient:
             lambda part: meta_pb2.BatchWriteOpenRequest(
                 ctx=self.context(len(part)), paths=part, flags=flags, mode=mode
             ),
-            lambda r: r.opened,
+            lambda r: self._opened(r.opened),
         )
 
     def batch_close(

@@ -39,7 +39,13 @@ def is_retryable(exc: BaseException) -> bool:
     """Whether :func:`retry` retries ``exc``."""
     if isinstance(exc, TransientError):
         return True
-    return isinstance(exc, grpc.RpcError) and exc.code() in RETRYABLE_CODES
+    if not isinstance(exc, grpc.RpcError):
+        return False
+    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # the server's own overload answer (its request queue is full), not a full disk,
+        # which carries an errno
+        return not any(key == errors.ERRNO_KEY for key, _ in exc.trailing_metadata() or ())
+    return exc.code() in RETRYABLE_CODES
 
 
 def retry(

@@ -42,7 +42,12 @@ class Runtime:
         self.pid = os.getpid()
         self.ids = RequestIds()
         self.meta = MetaClient(
-            fs.meta, timeout=fs.rpc_timeout, retry_timeout=fs.retry_timeout, ids=self.ids
+            fs.meta,
+            timeout=fs.rpc_timeout,
+            retry_timeout=fs.retry_timeout,
+            ids=self.ids,
+            token=fs.token,
+            tls_ca=fs.tls_ca,
         )
         routing = self.routing = RoutingCache(self.meta.routing)
         self.pool = wire.ConnectionPool(
@@ -62,6 +67,7 @@ class Runtime:
             read_timeout=fs.read_timeout,
             write_timeout=fs.write_timeout,
             on_lacking=self.lacking,
+            capabilities=self.meta.capabilities,
         )
         self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
         # readahead block buffers, reused so a long read does not fault in fresh memory

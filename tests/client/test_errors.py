@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from emberfs.cli.admin import AdminClient
 from emberfs.client.fs import EmberFileSystem
 
 
@@ -83,18 +84,20 @@ def test_directory_not_empty(fs, base):
     assert fs.cat_file(f"{base}/d/f") == b"1"
 
 
-def test_permission_denied(fs, base):
-    # the metaserver checks permission bits against the caller's uid (root bypasses them)
-    import os
+def test_permission_denied(cluster, base):
+    # the metaserver checks permission bits against the identity of the caller's token
+    admin = AdminClient(cluster.admin_url, cluster.admin_token)
 
-    if os.getuid() == 0:
-        fs._meta._uid = fs._meta._gid = 4242  # act as an unprivileged user
-        fs._meta._groups = []
+    def user(uid: int) -> EmberFileSystem:
+        made = admin.post(
+            "/api/v1/tokens", {"uid": uid, "gid": uid, "groups": [], "name": f"{base}-{uid}"}
+        )
+        return EmberFileSystem(cluster.meta_address, token=made["token"], skip_instance_cache=True)
+
+    fs = user(4242)
     try:
         root_owned = f"/perm-{base.strip('/')}"
-        owner = EmberFileSystem(fs.meta, skip_instance_cache=True)
-        owner._meta._uid = owner._meta._gid = 4343
-        owner._meta._groups = []
+        owner = user(4343)
         owner.makedirs(root_owned)
         owner._meta.setattr(root_owned, mode=0o700)
         owner.pipe_file(f"{root_owned}/secret", b"s")

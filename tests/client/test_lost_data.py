@@ -14,7 +14,6 @@ import errno
 import os
 import time
 
-import grpc
 import pytest
 
 from emberfs.client.fs import EmberFileSystem
@@ -28,7 +27,7 @@ def listed(cluster, inode: int) -> dict[int, list]:
     """target id -> the ``ChunkMeta`` of every chunk of ``inode`` it lists."""
     out = {}
     for t in cluster.routing().targets:
-        with grpc.insecure_channel(t.grpc_address) as channel:
+        with cluster.channel(t.grpc_address) as channel:
             stub = storage_pb2_grpc.StorageServiceStub(channel)
             resp = stub.ListChunks(
                 storage_pb2.ListChunksRequest(target_id=t.target_id, inode=inode), timeout=5
@@ -45,12 +44,12 @@ def replicas_of(cluster, inode: int) -> dict[int, list[int]]:
 def remove_everywhere(cluster, inode: int, index: int) -> None:
     """Chunk ``index`` of ``inode`` gone from every replica."""
     for t in cluster.routing().targets:
-        remove_on(t, inode, index)
+        remove_on(cluster, t, inode, index)
 
 
-def remove_on(t, inode: int, index: int) -> None:
+def remove_on(cluster, t, inode: int, index: int) -> None:
     """Chunk ``index`` of ``inode`` gone from target ``t`` (a ``TargetInfo``) alone."""
-    with grpc.insecure_channel(t.grpc_address) as channel:
+    with cluster.channel(t.grpc_address) as channel:
         storage_pb2_grpc.StorageServiceStub(channel).RemoveChunks(
             storage_pb2.RemoveChunksRequest(target_id=t.target_id, inode=inode, indices=[index]),
             timeout=5,
@@ -153,7 +152,7 @@ def read_repair(cluster, fs) -> None:
     assert len(before) == 3 and len(set(before.values())) == 1
     lost_on = sorted(before)[-1]
     target = next(t for t in cluster.routing().targets if t.target_id == lost_on)
-    remove_on(target, inode, index)
+    remove_on(cluster, target, inode, index)
     assert lost_on not in chunk_metas(cluster, inode, index)
 
     deadline = time.monotonic() + 60
