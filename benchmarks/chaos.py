@@ -45,13 +45,19 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import chaos_faults  # noqa: E402
-from benchmarks.chaos_cluster import LocalDriver, replica_differences, set_layout  # noqa: E402
+from benchmarks.chaos_cluster import (  # noqa: E402
+    LocalDriver,
+    list_chunks,
+    replica_differences,
+    set_layout,
+)
 from benchmarks.chaos_workload import ClientConfig, client_main  # noqa: E402
 
 ROOT_DIR = "/chaos"
@@ -292,7 +298,9 @@ class Run:
         from emberfs.proto import common_pb2, meta_pb2
 
         stripe = max(1, len(self.driver.routing().chains))
-        fs = EmberFileSystem(self.driver.meta_address, skip_instance_cache=True)
+        fs = EmberFileSystem(
+            self.driver.meta_address, token=self.driver.client_token, skip_instance_cache=True
+        )
         try:
             fs.makedirs(ROOT_DIR, exist_ok=True)
             if self.driver.token is None:  # no admin token: the namespace call itself
@@ -318,6 +326,7 @@ class Run:
             "write_timeout": a.op_timeout,
             "io_timeout": 10.0,
             "connect_timeout": 2.0,
+            "token": self.driver.client_token,
         }
         for i in range(a.clients):
             cfg = ClientConfig(
@@ -329,6 +338,7 @@ class Run:
                 history=str(self.data_dir / "clients" / f"client-{i}.jsonl"),
                 max_size=max(2 << 20, 6 * a.chunk_size),  # files of several chunks
                 fs_options=fs_options,
+                secret_file=self.driver.secret_file,
             )
             self.clients.append(Client(ctx, cfg))
 
@@ -400,7 +410,11 @@ class Run:
         diffs = []
         while True:
             try:
-                diffs = replica_differences(self.driver.routing(), name_of=self.driver.server_name)
+                diffs = replica_differences(
+                    self.driver.routing(),
+                    lister=partial(list_chunks, keys=self.driver.keys),
+                    name_of=self.driver.server_name,
+                )
             except Exception as exc:  # a server that does not answer: try again
                 diffs = [{"error": f"{type(exc).__name__}: {exc}"[:300]}]
             if not diffs or time.monotonic() - t1 > REPLICA_SETTLE:

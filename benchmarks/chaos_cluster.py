@@ -20,19 +20,25 @@ import time
 import urllib.request
 from pathlib import Path
 
-import grpc
-
+from emberfs.common import grpcauth
+from emberfs.common.auth import ClusterKeys
 from emberfs.proto import common_pb2, storage_pb2, storage_pb2_grpc
 
 ChunkKey = tuple[int, int]  # (inode, index)
 ChunkState = tuple[int, int, int, int]  # (version, pending version, length, checksum)
 
 
-def list_chunks(grpc_address: str, target_id: int, timeout: float = 10.0, inode: int = 0) -> dict:
+def list_chunks(
+    grpc_address: str,
+    target_id: int,
+    timeout: float = 10.0,
+    inode: int = 0,
+    keys: ClusterKeys | None = None,
+) -> dict:
     """Every chunk of one target (of one inode if given): ``(inode, index) -> (version,
-    pending, length, checksum)``."""
+    pending, length, checksum)``. ``keys``: the cluster's, to call as a server."""
     out: dict[ChunkKey, ChunkState] = {}
-    with grpc.insecure_channel(grpc_address) as channel:
+    with grpcauth.channel(grpc_address, keys=keys) as channel:
         stub = storage_pb2_grpc.StorageServiceStub(channel)
         req = storage_pb2.ListChunksRequest(target_id=target_id, limit=1000, inode=inode)
         while True:
@@ -146,7 +152,7 @@ class LocalDriver:
             targets_per_server=targets_per_server,
             replicas=replicas,
             heartbeat_timeout=heartbeat_timeout,
-            env={"EMBERFS_ADMIN_TOKEN": token},
+            admin_token=token,
         )
         self._down: set[str] = set()  # services the checker killed and has not restarted
         self._lock = threading.Lock()
@@ -164,6 +170,20 @@ class LocalDriver:
     @property
     def heartbeat_timeout(self) -> float:
         return self.cluster.heartbeat_timeout
+
+    @property
+    def keys(self) -> ClusterKeys | None:
+        """The cluster's keys (the checker lists chunks as a server would)."""
+        return self.cluster.keys
+
+    @property
+    def secret_file(self) -> str | None:
+        return None if self.cluster.insecure else str(self.cluster.secret_file)
+
+    @property
+    def client_token(self) -> str | None:
+        """The token the workload's clients present."""
+        return self.cluster.admin_token
 
     def describe(self) -> dict:
         c = self.cluster

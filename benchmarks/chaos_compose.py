@@ -35,6 +35,8 @@ from pathlib import Path
 
 import grpc
 
+from emberfs.common import grpcauth
+from emberfs.common.auth import ClusterKeys
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,8 +62,8 @@ class ComposeDriver:
     data_dir : Path
         Where the checker keeps its files (the cluster keeps its data in volumes).
     token : str
-        Unused here: the compose metaserver has no admin token, so the layout is
-        set through ``MetaService.SetLayout``.
+        The admin token the cluster is started with (an attached cluster's own
+        is read from ``cluster.sh env``); the workload's clients present it.
     project : str or None
         Attach to this running compose project instead of starting one.
     """
@@ -75,10 +77,16 @@ class ComposeDriver:
         from emberfs.cli.localcluster import free_port
 
         self.data_dir = Path(data_dir)
-        self.token = None
+        self.token: str | None = token
         self.attached = project is not None
         self.project = project or f"emberfschaos{uuid.uuid4().hex[:8]}"
-        self.env = dict(os.environ, EMBERFS_COMPOSE_PROJECT=self.project)
+        # the checker's cluster leaves this user's client config alone
+        self.env = dict(
+            os.environ, EMBERFS_COMPOSE_PROJECT=self.project, EMBERFS_CLIENT_CONFIG="none"
+        )
+        self.env.pop("EMBERFS_INSECURE", None)
+        if not self.attached:
+            self.env["EMBERFS_ADMIN_TOKEN"] = token
         if not self.attached:
             meta_port = free_port()
             self.env.update(
@@ -109,6 +117,7 @@ class ComposeDriver:
         self.settings = dict(
             line.split("=", 1) for line in self.script("env").stdout.splitlines() if "=" in line
         )
+        self.token = self.settings.get("EMBERFS_ADMIN_TOKEN") or self.token
         for svc in ("metaserver", *STORAGE_SERVICES):
             cid = self.script("compose", "ps", "-q", svc, timeout=60).stdout.strip()
             if not cid:
@@ -261,9 +270,26 @@ class ComposeDriver:
         for rule in rules:
             self._iptables(svc, "-D", *rule)
 
+    # security -------------------------------------------------------------------------------
+    @property
+    def secret_file(self) -> str | None:
+        if self.settings.get("EMBERFS_INSECURE") == "1":
+            return None
+        return self.settings.get("EMBERFS_CLUSTER_KEY")
+
+    @property
+    def keys(self) -> ClusterKeys | None:
+        """The cluster's keys (the checker lists chunks as a server would)."""
+        path = self.secret_file
+        return ClusterKeys.from_file(path) if path else None
+
+    @property
+    def client_token(self) -> str | None:
+        return self.token
+
     # state ------------------------------------------------------------------------------------
     def routing(self) -> common_pb2.RoutingInfo:
-        with grpc.insecure_channel(self.meta_address) as channel:
+        with grpcauth.channel(self.meta_address, keys=self.keys) as channel:
             stub = cluster_pb2_grpc.ClusterServiceStub(channel)
             return stub.GetRouting(cluster_pb2.GetRoutingRequest(), timeout=5).routing
 

@@ -62,6 +62,7 @@ class ClientConfig:
     max_files: int = 6
     max_size: int = 2 * 1024 * KiB
     fs_options: dict = field(default_factory=dict)
+    secret_file: str | None = None  # the cluster's key file: the checker lists chunks with it
 
 
 def pwrite(fs, path: str, offset: int, data: bytes) -> tuple[int, int]:
@@ -522,6 +523,9 @@ class Workload:
         """What the cluster holds right after a wrong read: the routing the client had, each
         replica of the chunks concerned (``ListChunks``) and two more reads of the range."""
         from benchmarks.chaos_cluster import list_chunks
+        from emberfs.common.auth import ClusterKeys
+
+        keys = ClusterKeys.from_file(self.cfg.secret_file) if self.cfg.secret_file else None
         from emberfs.proto import meta_pb2
 
         out: dict = {}
@@ -555,7 +559,9 @@ class Workload:
                 for tid in chain.targets:
                     t = states[tid]
                     try:
-                        got = list_chunks(t.grpc_address, tid, 5.0, h.inode).get((h.inode, index))
+                        got = list_chunks(t.grpc_address, tid, 5.0, h.inode, keys=keys).get(
+                            (h.inode, index)
+                        )
                     except Exception as exc:
                         got = f"{type(exc).__name__}"
                     item["targets"][str(tid)] = {

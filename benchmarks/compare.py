@@ -87,6 +87,10 @@ TARGETS = [
     ("parallel4_vs_one", "4 reader processes / 1", 1.0),
     ("stat_vs_ping", "stat / no-op gRPC (1 thread)", 0.7),
     ("create_vs_ping", "create / no-op gRPC (1 thread)", 0.7),
+    ("auth_read_vs_insecure", "readinto, authentication on / --insecure", 0.95),
+    ("auth_write_vs_insecure", "write R=3, authentication on / --insecure", 0.95),
+    ("auth_stat_vs_insecure", "stat, authentication on / --insecure (1 thread)", 0.95),
+    ("auth_create_vs_insecure", "create, authentication on / --insecure (1 thread)", 0.95),
 ]
 
 # What the machine itself allows a target's ratio, from figures of the same run
@@ -409,7 +413,8 @@ def measure(args) -> dict:
     # page-cache test files, and room for three more copies of the smaller
     # file: the disk test's files, deleted before SeaweedFS stores its copies
     # in the same room
-    need = (sum(sizes) + args.repeat * small) * 3 + 2 * small + 3 * small + 256 * MiB
+    # (and a copy of the smaller file on each cluster of the authentication cost)
+    need = (sum(sizes) + args.repeat * small) * 3 + 2 * small + 3 * small + 6 * small + 256 * MiB
     check_disk(workdir, need)
     series = Series()
     doc: dict = {
@@ -426,6 +431,8 @@ def measure(args) -> dict:
         log(f"starting EmberFS (3 storage servers, R=3) in {workdir}")
         cluster.start()
         meta = cluster.meta_address
+        # every client of this run (readers are child processes) acts as its administrator
+        os.environ["EMBERFS_TOKEN"] = cluster.admin_token
         chunk = 4 * MiB
         doc["chunk_size"] = chunk
 
@@ -596,6 +603,7 @@ def measure(args) -> dict:
                 metrics_url=f"{cluster.admin_url}/metrics",
             )
             doc[f"meta_{threads}"] = rates
+        doc["auth_cost"] = auth_cost(args, workdir, cluster, series, small, chunk)
     finally:
         if weed is not None:
             weed.stop()
@@ -627,6 +635,8 @@ def measure(args) -> dict:
         "cat_kept_vs_raw": ("emberfs_cat_kept", "raw"),
         "large_vs_small": (f"readinto_{size_name(large)}", f"readinto_{size_name(small)}"),
         "parallel4_vs_one": ("emberfs_parallel4", "emberfs_readinto"),
+        "auth_read_vs_insecure": ("auth_read", "insecure_read"),
+        "auth_write_vs_insecure": ("auth_write", "insecure_write"),
     }
     if use_seaweed:
         paired["read_vs_s3fs"] = ("emberfs_read", "s3_read")
@@ -650,6 +660,11 @@ def measure(args) -> dict:
     for name, m in (("", m1), ("_8", m8)):
         for op in ("stat", "create", "rename"):
             ratios[f"{op}_vs_ping{name}"] = m[f"{op}_per_s"] / m["ping_per_s"]
+    cost = doc["auth_cost"]
+    for op in ("stat", "create", "rename", "list_calls", "ping"):
+        key = f"{op}_per_s"
+        if key in cost["auth"] and cost["insecure"].get(key):
+            ratios[f"auth_{op}_vs_insecure"] = cost["auth"][key] / cost["insecure"][key]
     doc["ratios"] = ratios
     doc["targets"] = []
     for key, what, target in TARGETS:
@@ -672,6 +687,44 @@ def measure(args) -> dict:
             doc["targets"][-1]["bound_what"] = BOUNDS[key][1]
     doc["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return doc
+
+
+def auth_cost(args, workdir: Path, cluster, series: Series, size: int, chunk: int) -> dict:
+    """What authentication costs: the same reads, writes and metadata calls on this cluster
+    and on one started ``--insecure`` beside it, alternating, in the same rounds.
+
+    Records ``auth_read``/``insecure_read`` and ``auth_write``/``insecure_write`` samples in
+    ``series``; returns the metadata rates of both (1 thread).
+    """
+    from emberfs.cli.localcluster import LocalCluster
+
+    bare = LocalCluster(workdir / "emberfs-insecure", storage_servers=3, replicas=3, insecure=True)
+    log("authentication cost: starting an --insecure cluster beside the first")
+    bare.start()
+    try:
+        pairs = (("auth", cluster.meta_address), ("insecure", bare.meta_address))
+        path = f"/auth-cost/{size_name(size)}"
+        series.recording = True
+        for i in range(args.repeat):
+            for name, meta in pairs if i % 2 == 0 else pairs[::-1]:
+                log(f"authentication cost: {name} write and read ({i + 1}/{args.repeat})")
+                r = run_reader(
+                    "--meta", meta, "--path", path, "--mode", "write", "--size", str(size),
+                    "--unit", str(chunk),
+                )  # fmt: skip
+                series.add(f"{name}_write", r["bytes_per_s"], rss=r["maxrss_bytes"])
+                warm_tree(workdir / ("emberfs" if name == "auth" else "emberfs-insecure"))
+                r = run_reader(
+                    "--meta", meta, "--path", path, "--mode", "readinto", "--unit", str(chunk)
+                )  # fmt: skip
+                series.add(f"{name}_read", r["bytes_per_s"], rss=r["maxrss_bytes"])
+        rates = {}
+        for name, meta in pairs:
+            log(f"authentication cost: {name} metadata rates")
+            rates[name] = meta_rate.measure(meta, count=args.meta_count, threads=1)
+        return rates
+    finally:
+        bare.stop()
 
 
 def log(message: str) -> None:

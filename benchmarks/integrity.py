@@ -136,7 +136,7 @@ def scrub_cost(args) -> dict:
             ["--scrub-rate", rate, "--scrub-interval", "1", "--scrub-delay", "0"],
         )
         try:
-            fs = EmberFileSystem(c.meta_address, skip_instance_cache=True)
+            fs = EmberFileSystem(c.meta_address, token=c.admin_token, skip_instance_cache=True)
             block = os.urandom(64 * MiB)
             with fs.open("/cost.bin", "wb") as f:
                 for _ in range(args.size // len(block)):
@@ -192,7 +192,7 @@ def fsck_scale(args) -> dict:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         c = start_cluster(Path(tmp), ["--scrub-rate", "0"])
         try:
-            fs = EmberFileSystem(c.meta_address, skip_instance_cache=True)
+            fs = EmberFileSystem(c.meta_address, token=c.admin_token, skip_instance_cache=True)
             data = os.urandom(args.data_size)
             t0 = time.perf_counter()
             for start in range(0, args.files, 1000):

@@ -428,9 +428,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("starting a local cluster...", file=sys.stderr, flush=True)
             cluster.start()
             meta = cluster.meta_address
+            token = cluster.admin_token
         else:
             meta = args.meta or None
-        fs = EmberFileSystem(meta=meta, skip_instance_cache=True, retry_timeout=10.0)
+            token = None
+        fs = EmberFileSystem(meta=meta, token=token, skip_instance_cache=True, retry_timeout=10.0)
         try:
             fs.statfs()  # reaches the metaserver, or fails fast
         except OSError as exc:

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``emberfs fsck``; the exit code."""
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     console = Console()
-    client = AdminClient(args.admin, args.token)
+    client = AdminClient(args.admin, args.token, tls_ca=args.tls_ca)
     query = "?deep=true" if args.deep else ""
     path = ("/api/v1/fsck/repair" if args.repair else "/api/v1/fsck") + query
     findings: list[dict] = []

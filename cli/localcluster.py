@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import grpc
 
+from emberfs.common import grpcauth
+from emberfs.common.auth import ClusterKeys, write_secret_file
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2
 
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -186,6 +189,21 @@ class LocalCluster:
     heartbeat_timeout : float, default 5.0
     extra_meta_args, extra_storage_args : list[str]
         Passed through to the commands.
+    insecure : bool, default False
+        Run without authentication. Otherwise every server gets the key file
+        ``data_dir/cluster.key`` (made on first start) and the metaserver
+        the admin token (:attr:`admin_token`).
+    admin_token : str or None
+        The admin token (root); None takes ``EMBERFS_ADMIN_TOKEN``, else the
+        one kept in ``data_dir/admin.token`` (made on first start).
+    tls : TLSFiles or None
+        Certificate, key and CA that every server serves gRPC and the admin
+        API with, and checks the others against.
+
+    Attributes
+    ----------
+    keys : ClusterKeys or None
+        The cluster's keys (for calls and frames that act as a server).
     """
 
     data_dir: Path
@@ -200,9 +218,21 @@ class LocalCluster:
     extra_meta_args: list[str] = field(default_factory=list)
     extra_storage_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    insecure: bool = False
+    admin_token: str | None = None
+    tls: grpcauth.TLSFiles | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
+        self.keys: ClusterKeys | None = None
+        security: list[str] = ["--insecure"]
+        if not self.insecure:
+            self.keys = ClusterKeys.from_file(self._secret_file())
+            security = ["--secret-file", str(self.secret_file)]
+            self.admin_token = self.admin_token or self._admin_token()
+        if self.tls is not None:
+            security += ["--tls-cert", self.tls.cert, "--tls-key", self.tls.key]
+            security += ["--tls-ca", self.tls.ca]
         # Nothing binds the ports until start(), so each pick avoids the ones before it.
         taken: set[int] = set()
         self.meta_port = self.meta_port or free_port(self.host, avoid=taken)
@@ -233,6 +263,7 @@ class LocalCluster:
                 "--heartbeat-timeout",
                 str(self.heartbeat_timeout),
             ]
+            + security
             + self.extra_meta_args,
             logs / "metaserver.log",
             "READY metaserver",
@@ -256,12 +287,36 @@ class LocalCluster:
                     "--targets",
                     str(self.targets_per_server),
                 ]
+                + security
                 + self.extra_storage_args,
                 logs / f"storage-{i}.log",
                 "READY storageserver",
             )
             for i, port in enumerate(self.storage_ports)
         ]
+
+    # security ----------------------------------------------------------------
+    @property
+    def secret_file(self) -> Path:
+        return self.data_dir / "cluster.key"
+
+    def _secret_file(self) -> Path:
+        if not self.secret_file.exists():
+            write_secret_file(self.secret_file)
+        return self.secret_file
+
+    def _admin_token(self) -> str:
+        given = self.env.get("EMBERFS_ADMIN_TOKEN") or os.environ.get("EMBERFS_ADMIN_TOKEN")
+        if given:
+            return given
+        path = self.data_dir / "admin.token"
+        if not path.exists():
+            write_secret_file(path, secrets.token_urlsafe(32))
+        return path.read_text().strip()
+
+    def channel(self, address: str | None = None) -> grpc.Channel:
+        """A gRPC channel to the metaserver (or ``address``) whose calls act as a server."""
+        return grpcauth.channel(address or self.meta_address, keys=self.keys, tls=self.tls)
 
     # addresses -------------------------------------------------------------
     @property
@@ -274,7 +329,8 @@ class LocalCluster:
 
     @property
     def admin_url(self) -> str:
-        return f"http://{self.admin_address}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.admin_address}"
 
     def storage_address(self, i: int) -> str:
         return f"{self.host}:{self.storage_ports[i]}"
@@ -289,6 +345,8 @@ class LocalCluster:
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.admin_token:
+            env["EMBERFS_ADMIN_TOKEN"] = self.admin_token
         env.update(self.env)
         return env
 
@@ -336,7 +394,7 @@ class LocalCluster:
 
     # cluster state -------------------------------------------------------------
     def routing(self, timeout: float = 5.0) -> common_pb2.RoutingInfo:
-        with grpc.insecure_channel(self.meta_address) as channel:
+        with self.channel() as channel:
             stub = cluster_pb2_grpc.ClusterServiceStub(channel)
             return stub.GetRouting(cluster_pb2.GetRoutingRequest(), timeout=timeout).routing
 

@@ -4,19 +4,27 @@ Starts the metaserver (with its admin API) and the storage servers as child
 processes on 127.0.0.1, prints where they listen and how to use them, restarts
 a child that dies, and stops everything on Ctrl-C or SIGTERM. Started again on
 the same data directory it comes back with all its data.
+
+Authentication is on: the cluster's key file (``DATA_DIR/cluster.key``) and
+the admin token (``DATA_DIR/admin.token``, or ``EMBERFS_ADMIN_TOKEN``) are
+made on the first start, and a client config file with the metaserver, the
+admin API and the admin token is written (``--client-config``; default
+:func:`emberfs.client.config.config_path`), so this user's ``emberfs``
+commands and ``fsspec.filesystem("emberfs")`` work as the administrator
+without setting anything. ``--insecure`` runs the cluster without
+authentication.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from emberfs.cli.localcluster import LocalCluster
+from emberfs.client import config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="first storage port; server i uses PORT+3i (data), +1 (gRPC) and +2 (metrics) (default: 9500)",
     )
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds (default: 5)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run without authentication: anyone who reaches a port may do anything",
+    )
+    p.add_argument(
+        "--client-config",
+        help=f"where to write the client config file (default: {config.config_path()}; "
+        "'none': do not write one)",
+    )
     return p
 
 
@@ -58,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    token = os.environ.get("EMBERFS_ADMIN_TOKEN") or secrets.token_urlsafe(24)
-    generated = "EMBERFS_ADMIN_TOKEN" not in os.environ
     data_dir = Path(args.data_dir).resolve()
     cluster = LocalCluster(
         data_dir,
@@ -70,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_port=args.admin_port,
         storage_ports=[args.storage_port + 3 * i for i in range(args.storage_servers)],
         heartbeat_timeout=args.heartbeat_timeout,
-        env={"EMBERFS_ADMIN_TOKEN": token},
+        insecure=args.insecure,
     )
     stop = threading.Event()
 
@@ -86,7 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         print(f"emberfs up: the cluster did not start: {exc}", file=sys.stderr)
         return 1
-    print_endpoints(cluster, token, generated)
+    written = None
+    if args.client_config != "none" and cluster.admin_token:
+        written = config.write(
+            args.client_config or config.config_path(),
+            meta=cluster.meta_address,
+            token=cluster.admin_token,
+            admin=cluster.admin_url,
+            admin_token=cluster.admin_token,
+        )
+    print_endpoints(cluster, written)
     try:
         supervise(cluster, stop)
     finally:
@@ -96,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_endpoints(cluster: LocalCluster, token: str, generated: bool) -> None:
+def print_endpoints(cluster: LocalCluster, client_config: Path | None) -> None:
     lines = [
         "",
         "EmberFS is up.",
@@ -109,15 +134,28 @@ def print_endpoints(cluster: LocalCluster, token: str, generated: bool) -> None:
             f"  metrics {cluster.storage_metrics_url(i)}"
             f"  (pid {s.proc.pid})"
         )
+    if cluster.admin_token:
+        lines += [
+            f"  admin token  {cluster.admin_token}  (acts as root; kept in "
+            f"{cluster.data_dir / 'admin.token'} unless EMBERFS_ADMIN_TOKEN is set)",
+            f"  cluster key  {cluster.secret_file}  (every server of the cluster needs it)",
+        ]
+        if client_config is not None:
+            lines.append(
+                f"  client       {client_config}  (metaserver and admin token: commands and "
+                "fsspec use it)"
+            )
+        else:
+            lines.append("  client       export EMBERFS_TOKEN=<a token> for commands and fsspec")
+    else:
+        lines.append("  security     NONE (--insecure): anyone who reaches a port may do anything")
     lines += [
-        f"  admin token  {token}"
-        + ("  (generated; set EMBERFS_ADMIN_TOKEN to choose one)" if generated else ""),
         f"  data         {cluster.data_dir}  (logs in {cluster.data_dir / 'logs'})",
         "",
         "Try:",
-        f"  export EMBERFS_META={cluster.meta_address}",
         "  emberfs put ./some-file /datasets/some-file && emberfs ls /datasets",
         "  python -c \"import fsspec; print(fsspec.filesystem('emberfs').ls('/'))\"",
+        "  emberfs admin token create --uid 1000 --gid 1000 --name alice   # a user's token",
         "",
         "Press Ctrl-C to stop.",
     ]

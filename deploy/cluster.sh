@@ -40,6 +40,8 @@ BASE_IMAGE="${EMBERFS_BASE_IMAGE:-emberfs-base:bookworm}"
 PYTHON="${EMBERFS_PYTHON:-python3}"
 UP_TIMEOUT="${EMBERFS_UP_TIMEOUT:-180}"
 STATE_FILE="$CACHE/clusters/$PROJECT.env"
+# the cluster's key file, admin token and client config (a directory only its owner reads)
+SECRETS_DIR="$CACHE/clusters/$PROJECT.secrets"
 
 # Temporary files and directories, removed when the script exits.
 CLEANUP=()
@@ -61,6 +63,12 @@ fi
 
 compose() {
     [[ ${#COMPOSE_BIN[@]} -gt 0 ]] || die "neither 'docker compose' nor 'docker-compose' is installed"
+    export EMBERFS_CLUSTER_KEY="${EMBERFS_CLUSTER_KEY:-$SECRETS_DIR/cluster.key}"
+    export EMBERFS_INSECURE="${EMBERFS_INSECURE:-0}"
+    if [[ -z "${EMBERFS_ADMIN_TOKEN:-}" && -s "$SECRETS_DIR/admin.token" ]]; then
+        EMBERFS_ADMIN_TOKEN="$(cat "$SECRETS_DIR/admin.token")"
+        export EMBERFS_ADMIN_TOKEN
+    fi
     "${COMPOSE_BIN[@]}" -p "$PROJECT" -f "$COMPOSE_FILE" "$@"
 }
 
@@ -129,6 +137,7 @@ save_settings() {
         echo "EMBERFS_ADMIN_PORT=$EMBERFS_ADMIN_PORT"
         echo "EMBERFS_NET_PREFIX=$EMBERFS_NET_PREFIX"
         echo "EMBERFS_TARGETS=$EMBERFS_TARGETS"
+        echo "EMBERFS_INSECURE=${EMBERFS_INSECURE:-0}"
     } >"$STATE_FILE"
 }
 
@@ -214,6 +223,55 @@ cmd_build() {
     [[ "$held" -eq 1 ]] || unlock
 }
 
+# ---------------------------------------------------------------- security
+
+# The cluster key and the admin token: made on the first 'up' of a project and
+# kept until 'down'. EMBERFS_ADMIN_TOKEN, when set, is the admin token instead.
+# EMBERFS_INSECURE=1 runs the servers without authentication.
+ensure_secrets() {
+    export EMBERFS_CLUSTER_KEY="$SECRETS_DIR/cluster.key"
+    export EMBERFS_INSECURE="${EMBERFS_INSECURE:-0}"
+    (umask 077 && mkdir -p "$SECRETS_DIR")
+    chmod 700 "$SECRETS_DIR"
+    if [[ ! -s "$EMBERFS_CLUSTER_KEY" ]]; then
+        "$PYTHON" -c 'import secrets; print(secrets.token_hex(32))' >"$EMBERFS_CLUSTER_KEY.tmp"
+        mv "$EMBERFS_CLUSTER_KEY.tmp" "$EMBERFS_CLUSTER_KEY"
+    fi
+    # the servers run as an unprivileged user of the image: the file is readable, the
+    # directory above it is not
+    chmod 644 "$EMBERFS_CLUSTER_KEY"
+    if [[ -z "${EMBERFS_ADMIN_TOKEN:-}" ]]; then
+        if [[ ! -s "$SECRETS_DIR/admin.token" ]]; then
+            (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(32))' \
+                >"$SECRETS_DIR/admin.token")
+        fi
+        EMBERFS_ADMIN_TOKEN="$(cat "$SECRETS_DIR/admin.token")"
+    fi
+    export EMBERFS_ADMIN_TOKEN
+}
+
+# The client config of this cluster, in the secrets directory and (unless
+# EMBERFS_CLIENT_CONFIG=none) where clients on this host look for it.
+write_client_config() {
+    local target="${EMBERFS_CLIENT_CONFIG:-${EMBERFS_CONFIG:-${XDG_CONFIG_HOME:-$HOME/.config}/emberfs/client.toml}}"
+    (
+        umask 077
+        {
+            echo "meta = \"127.0.0.1:$EMBERFS_META_PORT\""
+            echo "admin = \"$(admin_url)\""
+            if [[ "$EMBERFS_INSECURE" != 1 ]]; then
+                echo "token = \"$EMBERFS_ADMIN_TOKEN\""
+                echo "admin_token = \"$EMBERFS_ADMIN_TOKEN\""
+            fi
+        } >"$SECRETS_DIR/client.toml"
+        if [[ "$target" != none ]]; then
+            mkdir -p "$(dirname "$target")"
+            cp "$SECRETS_DIR/client.toml" "$target"
+        fi
+    )
+    CLIENT_CONFIG="$target"
+}
+
 # ---------------------------------------------------------------- run
 
 admin_url() { echo "http://127.0.0.1:$EMBERFS_ADMIN_PORT"; }
@@ -283,6 +341,7 @@ cmd_up() {
         export EMBERFS_NET_PREFIX
     fi
     save_settings
+    ensure_secrets
     cmd_build
     local t0=$SECONDS
     log "starting project $PROJECT on ${EMBERFS_NET_PREFIX}.0/24"
@@ -291,15 +350,23 @@ cmd_up() {
     fi
     unlock
     wait_ready
+    write_client_config
     log "cluster ready in $((SECONDS - t0)) s"
+    local security="admin token $EMBERFS_ADMIN_TOKEN (acts as root)
+  cluster key      $EMBERFS_CLUSTER_KEY"
+    if [[ "$EMBERFS_INSECURE" == 1 ]]; then
+        security="NONE (EMBERFS_INSECURE=1): anyone who reaches a port may do anything"
+    fi
     cat <<EOF
 EmberFS cluster '$PROJECT' is up.
   metaserver gRPC  127.0.0.1:$EMBERFS_META_PORT  (in the cluster network: ${EMBERFS_NET_PREFIX}.10:9400)
   admin API        $(admin_url)/  (/docs, /api/v1/targets, /metrics)
   storage servers  ${EMBERFS_NET_PREFIX}.11:9510  ${EMBERFS_NET_PREFIX}.12:9520  ${EMBERFS_NET_PREFIX}.13:9530
-Use it from this host:
-  export EMBERFS_META=127.0.0.1:$EMBERFS_META_PORT
+  security         $security
+  client config    $CLIENT_CONFIG  (also $SECRETS_DIR/client.toml)
+Use it from this host (the client config holds the address and the token):
   emberfs put ./file /file && emberfs ls /
+  python -c "import fsspec; print(fsspec.filesystem('emberfs').ls('/'))"
 Stop it and remove its data:  $0 down
 EOF
 }
@@ -309,6 +376,7 @@ cmd_down() {
     export EMBERFS_NET_PREFIX="${EMBERFS_NET_PREFIX:-172.29.83}"
     compose down -v --remove-orphans --timeout 10 2>&1 | sed 's/^/[compose] /' >&2
     rm -f "$STATE_FILE"
+    rm -rf "$SECRETS_DIR"
 }
 
 cmd_status() {
@@ -330,6 +398,10 @@ cmd_env() {
     echo "EMBERFS_COMPOSE_PROJECT=$PROJECT"
     echo "EMBERFS_META=127.0.0.1:$EMBERFS_META_PORT"
     echo "EMBERFS_ADMIN_URL=$(admin_url)"
+    echo "EMBERFS_CLUSTER_KEY=$SECRETS_DIR/cluster.key"
+    if [[ -s "$SECRETS_DIR/admin.token" ]]; then
+        echo "EMBERFS_ADMIN_TOKEN=$(cat "$SECRETS_DIR/admin.token")"
+    fi
     cat "$STATE_FILE" 2>/dev/null || true
 }
 

@@ -12,7 +12,9 @@ failure naming its reason: in CI a missing test dependency must not pass unnotic
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
+import tempfile
 
 import pytest
 from hypothesis import Phase, settings
@@ -30,6 +32,18 @@ settings.register_profile("long", deadline=None, max_examples=2000, phases=_PHAS
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REQUIRE_ALL_TESTS = os.environ.get("EMBERFS_REQUIRE_ALL_TESTS", "") not in ("", "0")
+
+# Every cluster of the suite runs with authentication, and every client in it (in this
+# process or a child) acts as its administrator unless a test says otherwise: one admin
+# token for the session, which each cluster's metaserver takes (LocalCluster reads it from
+# EMBERFS_ADMIN_TOKEN) and clients present (EMBERFS_TOKEN). A developer's own client
+# config file is kept out of the way.
+SUITE_TOKEN = "suite-admin-" + secrets.token_urlsafe(24)
+os.environ["EMBERFS_ADMIN_TOKEN"] = SUITE_TOKEN
+os.environ["EMBERFS_TOKEN"] = SUITE_TOKEN
+os.environ["EMBERFS_CONFIG"] = os.path.join(
+    tempfile.gettempdir(), f"emberfs-suite-{os.getpid()}-no-config.toml"
+)
 
 
 def _skip_reason(longrepr) -> str:

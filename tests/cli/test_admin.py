@@ -11,7 +11,7 @@ import pytest
 
 from emberfs.cli.localcluster import emberfs_command, free_port
 
-TOKEN = "cli-admin-token"
+TOKEN = os.environ["EMBERFS_ADMIN_TOKEN"]  # the suite's admin token (tests/conftest.py)
 
 
 def admin(*args: str, url: str, token: str | None = None) -> subprocess.CompletedProcess:
@@ -50,7 +50,7 @@ def test_status_targets_chains_nodes_gc(cluster):
 def test_errors_are_one_line(cluster):
     out = admin("offline", "1", url=cluster.admin_url, token="whatever")
     assert out.returncode == 1
-    assert out.stderr.strip() == "emberfs admin: 403 no admin token configured"
+    assert out.stderr.strip() == "emberfs admin: 403 wrong admin token"
     out = admin("status", url=f"http://127.0.0.1:{free_port()}")
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
     assert "cannot reach the admin API" in out.stderr

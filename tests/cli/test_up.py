@@ -15,8 +15,15 @@ from emberfs.cli.localcluster import emberfs_command, free_port
 pytestmark = pytest.mark.slow
 
 
-def _start(data_dir, meta, admin, storage, token="test-token"):
-    env = dict(os.environ, EMBERFS_ADMIN_TOKEN=token, PYTHONUNBUFFERED="1")
+def _user_env(config) -> dict[str, str]:
+    """The environment of a user of this host who has set nothing but where the config is."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBERFS_")}
+    env.update(EMBERFS_CONFIG=str(config), PYTHONUNBUFFERED="1")
+    return env
+
+
+def _start(data_dir, meta, admin, storage, config):
+    env = _user_env(config)
     proc = subprocess.Popen(
         emberfs_command()
         + [
@@ -76,34 +83,51 @@ def test_up_runs_every_role_and_keeps_data_across_restarts(tmp_path):
     admin = free_port(avoid={meta})
     storage = free_port(count=9, avoid={meta, admin})
     data_dir = tmp_path / "data"
+    config = tmp_path / "client.toml"
     cli = emberfs_command()
-    env = dict(os.environ, EMBERFS_META=f"127.0.0.1:{meta}")
+    env = _user_env(config)
     payload = os.urandom(3 * 1024 * 1024 + 123)
     (tmp_path / "in.bin").write_bytes(payload)
 
-    proc, banner = _start(data_dir, meta, admin, storage)
+    proc, banner = _start(data_dir, meta, admin, storage, config)
     try:
         assert proc.poll() is None, banner
         assert f"metaserver   127.0.0.1:{meta}" in banner
         assert f"http://127.0.0.1:{admin}" in banner
-        assert "test-token" in banner
+        token = (data_dir / "admin.token").read_text().strip()
+        assert f"admin token  {token}" in banner
+        assert str(config) in banner
         for i in range(3):
             assert f"storage-{i}    data 127.0.0.1:{storage + 3 * i}" in banner
         roles = _children_roles(proc.pid)
         assert sorted(roles) == ["metaserver", "storageserver", "storageserver", "storageserver"]
+        # secure by default: a key file and an admin token only the owner reads
+        for secret in (data_dir / "cluster.key", data_dir / "admin.token", config):
+            assert secret.stat().st_mode & 0o077 == 0, secret
 
-        run = lambda *a: subprocess.run(cli + list(a), env=env, capture_output=True, timeout=60)  # noqa: E731
+        # the user's commands work with nothing set: the config has the address and token
+        run = lambda *a, env=env: subprocess.run(  # noqa: E731
+            cli + list(a), env=env, capture_output=True, timeout=60
+        )
         assert run("mkdir", "/d").returncode == 0
         r = run("put", str(tmp_path / "in.bin"), "/d/file.bin")
         assert r.returncode == 0, r.stderr
+        r = run("admin", "token", "create", "--uid", "1000", "--gid", "1000", "--name", "u")
+        assert r.returncode == 0, r.stderr
+        # without a token: refused, and said so
+        stranger = dict(env, EMBERFS_CONFIG=str(tmp_path / "none.toml"))
+        stranger["EMBERFS_META"] = f"127.0.0.1:{meta}"
+        r = run("ls", "/d", env=stranger)
+        assert r.returncode != 0 and b"token" in r.stderr, r.stderr
     finally:
         code = _stop(proc)
     assert code == 0
     assert _children_roles(proc.pid) == []
 
-    proc, banner = _start(data_dir, meta, admin, storage)
+    proc, banner = _start(data_dir, meta, admin, storage, config)
     try:
         assert proc.poll() is None, banner
+        assert f"admin token  {token}" in banner  # the same cluster, the same token
         r = subprocess.run(cli + ["cat", "/d/file.bin"], env=env, capture_output=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert r.stdout == payload

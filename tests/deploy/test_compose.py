@@ -19,11 +19,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import pytest
 
 from emberfs.cli.localcluster import free_port
 from emberfs.client.fs import EmberFileSystem
+from emberfs.common import grpcauth
+from emberfs.common.auth import ClusterKeys
 from emberfs.proto import storage_pb2, storage_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,8 +84,14 @@ class ComposeCluster:
             EMBERFS_META_PORT=str(self.meta_port),
             EMBERFS_ADMIN_PORT=str(self.admin_port),
             EMBERFS_UP_TIMEOUT="240",
+            # the client config 'up' writes: this cluster's address and admin token
+            EMBERFS_CLIENT_CONFIG=str(
+                Path(os.environ.get("TMPDIR", "/tmp")) / f"{project}-client.toml"
+            ),
         )
         self.env.pop("EMBERFS_NET_PREFIX", None)
+        self.env.pop("EMBERFS_INSECURE", None)
+        self.keys: ClusterKeys | None = None
         self.meta = f"127.0.0.1:{self.meta_port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         self.net_prefix = ""
@@ -107,6 +114,7 @@ class ComposeCluster:
             line.split("=", 1) for line in self.script("env").stdout.splitlines() if "=" in line
         )
         self.net_prefix = settings["EMBERFS_NET_PREFIX"]
+        self.keys = ClusterKeys.from_file(settings["EMBERFS_CLUSTER_KEY"])
 
     def down(self) -> subprocess.CompletedProcess:
         return self.script("down", timeout=180)
@@ -167,7 +175,10 @@ class ComposeCluster:
         return EmberFileSystem(meta=self.meta, skip_instance_cache=True, **kwargs)
 
     def cli(self, *args: str, stdin: bytes | None = None, timeout=120) -> bytes:
-        env = dict(os.environ, EMBERFS_META=self.meta)
+        # as a user of this host would: nothing set, the client config written by 'up'
+        env = dict(os.environ, EMBERFS_CONFIG=self.env["EMBERFS_CLIENT_CONFIG"])
+        env.pop("EMBERFS_META", None)
+        env.pop("EMBERFS_TOKEN", None)
         r = subprocess.run(
             ["emberfs", *args], input=stdin, capture_output=True, env=env, timeout=timeout
         )
@@ -177,7 +188,7 @@ class ComposeCluster:
     def list_chunks(self, target: dict) -> dict[tuple[int, int], tuple[int, int, int, int]]:
         """Every chunk of one target: (inode, index) -> (version, pending, length, crc)."""
         out: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-        with grpc.insecure_channel(target["grpc_address"]) as channel:
+        with grpcauth.channel(target["grpc_address"], keys=self.keys) as channel:
             stub = storage_pb2_grpc.StorageServiceStub(channel)
             req = storage_pb2.ListChunksRequest(target_id=target["id"], limit=1000)
             while True:
