@@ -23,7 +23,7 @@ from emberfs.proto import data_pb2
 
 #: renew a capability once less than this share of its lifetime is left
 RENEW_SHARE = 1 / 3
-#: capabilities kept before expired ones are dropped
+#: files with capabilities kept before the expired ones are dropped (at least)
 PRUNE_AT = 4096
 
 
@@ -54,6 +54,7 @@ class Capabilities:
         self._held: dict[int, list[_Held]] = {}
         self._lock = threading.Lock()
         self._insecure = False
+        self._prune_at = PRUNE_AT
 
     def learn(self, token: bytes, session_id: int = 0) -> None:
         """Keep a capability the metaserver sent (an empty one: the cluster is insecure)."""
@@ -75,8 +76,10 @@ class Capabilities:
             session_id,
         )
         with self._lock:
-            if len(self._held) >= PRUNE_AT:
+            if len(self._held) >= self._prune_at:
                 self._prune(now)
+                # what is left is live: look again once it has doubled, so pruning stays cheap
+                self._prune_at = max(PRUNE_AT, 2 * len(self._held))
             kept = [
                 h
                 for h in self._held.get(cap.inode, ())
@@ -121,8 +124,3 @@ class Capabilities:
             for h in self._held.get(inode, ()):
                 if h.write if write else h.read:
                     h.renew_at = 0.0
-
-    def drop(self, inode: int) -> None:
-        """Forget ``inode``'s capabilities (its file was closed and is no longer open)."""
-        with self._lock:
-            self._held.pop(inode, None)
