@@ -258,7 +258,16 @@ def _start_admin(app, address: str, tls=None):
 
     host, port = split_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle off only on connections of a socket whose
+    # protocol says TCP, and with it on every answer waited for the client's delayed ACK (~40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
     https = {}
     if tls is not None and tls.cert:
         https = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
@@ -306,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             grpc.server(
                 futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name),
                 options=[("grpc.so_reuseport", 0)],
-                interceptors=interceptors,
+                interceptors=grpcauth.server_interceptors(*interceptors),
                 maximum_concurrent_rpcs=args.max_pending_calls,
             )
             for workers, name in ((GRPC_WORKERS, "grpc"), (CLUSTER_WORKERS, "cluster-grpc"))

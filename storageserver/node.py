@@ -342,7 +342,9 @@ class Node:
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="storage-grpc"),
             options=[("grpc.so_reuseport", 0)],
-            interceptors=[AuthInterceptor(self.keys)] if self.keys is not None else [],
+            interceptors=grpcauth.server_interceptors(
+                *([AuthInterceptor(self.keys)] if self.keys is not None else [])
+            ),
         )
         add_to_server(
             StorageServicer(
