@@ -71,6 +71,8 @@ class MetaClient:
     ) -> None:
         self.address = address
         self.token = token if token is not None else config.default_token()
+        # sent with every call (as call metadata: a channel interceptor costs every call more)
+        self._metadata = grpcauth.token_metadata(self.token)
         self.tls = TLSFiles(ca=tls_ca) if tls_ca else None
         self.capabilities = Capabilities(self.authorize)
         self.timeout = timeout
@@ -96,7 +98,6 @@ class MetaClient:
             if self._channel is None:
                 self._channel = grpcauth.channel(
                     self.address,
-                    token=self.token,
                     tls=self.tls,
                     options=[
                         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -142,7 +143,7 @@ class MetaClient:
 
         def once():
             stub = self._stubs()[0 if service == "meta" else 1]
-            return getattr(stub, method)(request, timeout=self.timeout)
+            return getattr(stub, method)(request, timeout=self.timeout, metadata=self._metadata)
 
         try:
             return retry(once, timeout=self.retry_timeout)

@@ -81,15 +81,14 @@ class _Credentials(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
 
     def __init__(self, signer: ServerCallSigner | None, token: str | None) -> None:
         self._signer = signer
-        self._token = (TOKEN_KEY, f"Bearer {token}") if token else None
+        self._token = token_metadata(token)
 
     def _details(self, details: grpc.ClientCallDetails, request: Any) -> _Details:
         metadata = list(details.metadata or ())
         if self._signer is not None:
             raw = request.SerializeToString(deterministic=True)
             metadata.append(self._signer.metadata(details.method, raw))
-        if self._token is not None:
-            metadata.append(self._token)
+        metadata.extend(self._token)
         return _Details(details.method, details.timeout, metadata, details.credentials)
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
@@ -97,6 +96,11 @@ class _Credentials(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details, request), request)
+
+
+def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata that presents ``token`` (none without one)."""
+    return ((TOKEN_KEY, f"Bearer {token}"),) if token else ()
 
 
 def channel(
@@ -126,7 +130,34 @@ def add_port(server: grpc.Server, address: str, tls: TLSFiles | None = None) -> 
     return server.add_insecure_port(address)
 
 
-class DecodeInHandler(grpc.ServerInterceptor):
+class MethodWrapper(grpc.ServerInterceptor):
+    """An interceptor that wraps each unary method's handler once and keeps the wrapper.
+
+    grpcio asks the interceptors for the handler of every call; building the
+    wrapper once per method (for the handler the inner interceptors return)
+    keeps that out of every call's cost. Subclasses define :meth:`wrap`.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        raise NotImplementedError
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method
+        kept = self._kept.get(method)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
+        wrapped = self.wrap(method, handler)
+        self._kept[method] = (handler, wrapped)  # only methods the server has: bounded
+        return wrapped
+
+
+class DecodeInHandler(MethodWrapper):
     """Decodes every request in its handler instead of in grpcio; install it first.
 
     grpcio keeps the call of a request that its deserializer fails on (about
@@ -135,9 +166,8 @@ class DecodeInHandler(grpc.ServerInterceptor):
     is answered ``INVALID_ARGUMENT`` (errno EINVAL) and nothing is kept.
     """
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if handler.request_deserializer is None:
             return handler
         decode = handler.request_deserializer
         behavior = handler.unary_unary
@@ -167,7 +197,7 @@ def _refuse(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) 
     context.abort(code, message)
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class AuthInterceptor(MethodWrapper):
     """Refuses calls without valid credentials before their handler runs.
 
     Parameters
@@ -183,14 +213,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(
         self, keys: ClusterKeys, resolve_token: Callable[[str], Any] | None = None
     ) -> None:
+        super().__init__()
         self._keys = keys
         self._resolve = resolve_token
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        method = handler_call_details.method
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         behavior = handler.unary_unary
         server_ok = (
             method in SERVER_ONLY or method in EITHER or not method.startswith(_CLIENT_SERVICE)

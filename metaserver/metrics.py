@@ -17,7 +17,7 @@ collectors) into the registry one admin app serves.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -32,6 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from emberfs.common.grpcauth import MethodWrapper
 from emberfs.metaserver import chainstate
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -78,7 +79,7 @@ def _split_method(full: str) -> tuple[str, str]:
     return service.rpartition(".")[2] or "unknown", method or "unknown"
 
 
-class MetricsInterceptor(grpc.ServerInterceptor):
+class MetricsInterceptor(MethodWrapper):
     """Counts and times every unary-unary call of a gRPC server.
 
     The status code is the one the handler set (``context.abort`` or
@@ -86,15 +87,8 @@ class MetricsInterceptor(grpc.ServerInterceptor):
     ``UNKNOWN`` for an exception that set none.
     """
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        service, method = _split_method(handler_call_details.method)
+    def wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        service, method = _split_method(full_method)
         behavior = handler.unary_unary
 
         def timed(request: Any, context: grpc.ServicerContext) -> Any:
