@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
-import hmac
 import http.client
 import json
 import os
@@ -97,7 +96,6 @@ from emberfs.common.auth import (
     SERVER_SECTION_SIZE,
     TOKEN_KEY,
     ClusterKeys,
-    load_secret_file,
     now_ms,
 )
 from emberfs.common.framing import Op, Status
@@ -282,7 +280,6 @@ class Env:
 
     cluster: LocalCluster
     keys: ClusterKeys
-    frame_key: bytes
     token: str
     procs: list[Proc]
     routing: common_pb2.RoutingInfo
@@ -319,11 +316,6 @@ class Env:
         """CPU seconds of every server process, and of this one (``fuzzer``)."""
         times = os.times()
         return {"fuzzer": times.user + times.system} | {p.name: p.cpu() for p in self.procs}
-
-
-def derive_frame_key(secret_file: Path) -> bytes:
-    """The key server frames are signed with, derived as :mod:`emberfs.common.auth` does."""
-    return hmac.digest(load_secret_file(secret_file)[0], b"emberfs/frame", "sha256")
 
 
 def meta_stub(cluster: LocalCluster, token: str) -> tuple[grpc.Channel, Any]:
@@ -425,7 +417,6 @@ def prepare(cluster: LocalCluster, seed: int) -> tuple[Env, bytes]:
     env = Env(
         cluster=cluster,
         keys=cluster.keys,
-        frame_key=derive_frame_key(cluster.secret_file),
         token=token,
         procs=procs,
         routing=cluster.routing(),
@@ -438,25 +429,6 @@ def prepare(cluster: LocalCluster, seed: int) -> tuple[Env, bytes]:
 
 
 # ============================================================================ probes
-
-
-class ServerSection:
-    """A server frame credential, signed with the frame key ``skew_ms`` off the clock.
-
-    The same bytes as :meth:`emberfs.common.auth.ClusterKeys.server_credential` makes
-    (kind, time, MAC of the header body, that head, the meta section and the CRC
-    table), with a clock that may be wrong on purpose.
-    """
-
-    length = SERVER_SECTION_SIZE
-
-    def __init__(self, key: bytes, skew_ms: int = 0) -> None:
-        self._key = key
-        self.skew_ms = skew_ms
-
-    def section(self, body: bytes, meta: bytes, table: bytes) -> bytes:
-        head = struct.pack("<BQ", SERVER, max(0, now_ms() + self.skew_ms) & U64)
-        return head + hmac.digest(self._key, body + head + meta + table, "sha256")[:MAC_SIZE]
 
 
 class RawSection:
@@ -501,7 +473,7 @@ class Prober:
         return out
 
     def _ping(self, i: int) -> None:
-        frame = FrameParts(Op.PING, cred=ServerSection(self.env.frame_key)).encode()
+        frame = FrameParts(Op.PING, cred=self.env.keys.server_credential()).encode()
         deadline = time.monotonic() + PROBE_TIMEOUT
         with socket.create_connection(self.env.data_address(i), timeout=PROBE_TIMEOUT) as sock:
             sock.sendall(frame)
@@ -772,7 +744,7 @@ class DataInputs:
         self.tally = tally
         self.chains = [(c.chain_id, c.version, list(c.targets)) for c in env.routing.chains]
         self.targets = [t.target_id for t in env.routing.targets]
-        self.server_cred = ServerSection(env.frame_key)
+        self.server_cred = env.keys.server_credential()
 
     # ---------------------------------------------------------------- the input
 
@@ -1000,7 +972,7 @@ class DataInputs:
         if kind == "server":
             if rng.random() < 0.9:
                 return self.server_cred
-            return ServerSection(self.env.frame_key, rng.choice((-(10**9), 10**9, -now_ms())))
+            return self.env.keys.server_credential(rng.choice((-(10**9), 10**9, -now_ms())))
         if kind == "capability":
             which = pick(rng, {"own": 0.7, "other": 0.1, "expired": 0.1, "forged": 0.1})
             cap_inode = inode if which != "other" else inode ^ rng.choice((1, 1 << 40))

@@ -182,9 +182,12 @@ class ClusterKeys:
 
     # ------------------------------------------------------------- server frames
 
-    def server_credential(self) -> ServerCredential:
-        """The credential a server puts in the frames it sends."""
-        return ServerCredential(self._frame[0])
+    def server_credential(self, skew_ms: int = 0) -> ServerCredential:
+        """The credential a server puts in the frames it sends.
+
+        ``skew_ms`` sets its clock off by that much (a fuzzer's stale credentials).
+        """
+        return ServerCredential(self._frame[0], skew_ms)
 
     def check_frame(self, body: bytes, section: bytes, meta: bytes, table: bytes) -> Grant:
         """What the auth ``section`` of a frame allows (header ``body``, ``meta``, CRC ``table``).
@@ -266,14 +269,15 @@ class ClusterKeys:
 class ServerCredential:
     """Signs the frames one server sends another (see :mod:`emberfs.common.framing`)."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_key", "_skew_ms")
     length = SERVER_SECTION_SIZE
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, skew_ms: int = 0) -> None:
         self._key = key
+        self._skew_ms = skew_ms
 
     def section(self, body: bytes, meta: bytes, table: bytes) -> bytes:
-        head = _SERVER_SECTION.pack(SERVER, now_ms())
+        head = _SERVER_SECTION.pack(SERVER, max(0, now_ms() + self._skew_ms))
         return head + _mac(self._key, body, head, meta, table)
 
 

@@ -95,6 +95,7 @@ class Header:
     auth_len: int = 0
     body: bytes = b""  # the header's bytes before its CRC (what a server credential signs)
     auth: bytes = b""  # the auth section, once received
+    table: bytes = b""  # the CRC table as received (what a server credential signs)
 
     @property
     def is_response(self) -> bool:
@@ -380,7 +381,7 @@ def recv_head(
 
     All of it is bounded (:data:`MAX_AUTH`, :data:`MAX_META`, and a CRC table
     of at most ``MAX_DATA / MIN_BLOCK`` entries). The auth section is kept in
-    ``header.auth``. The caller then receives ``header.data_len`` data bytes
+    ``header.auth``, the CRC table's bytes in ``header.table``. The caller then receives ``header.data_len`` data bytes
     where it wants them (see :func:`recv_exact_into` for ``deadline``).
     """
     header = unpack_header(bytes(recv_exact(sock, HEADER_SIZE, deadline)))
@@ -391,13 +392,9 @@ def recv_head(
     meta = bytes(rest[header.auth_len : header.auth_len + header.meta_len])
     crcs: tuple[int, ...] = ()
     if nb:
-        crcs = struct.unpack_from(f"<{nb}I", rest, header.auth_len + header.meta_len)
+        header.table = bytes(rest[header.auth_len + header.meta_len :])
+        crcs = struct.unpack_from(f"<{nb}I", header.table)
     return header, meta, crcs
-
-
-def crc_table(crcs) -> bytes:
-    """The CRC table bytes of ``crcs`` as a frame carries them (what credentials sign)."""
-    return _crc_table(crcs)
 
 
 def recv_frame(

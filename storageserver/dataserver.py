@@ -309,7 +309,7 @@ class DataServer:
                 if header.is_response:
                     log.info("dropping connection from %s: it sent a response frame", conn.peer)
                     return
-                req = self._admit(conn, header, meta, crcs)
+                req = self._admit(conn, header, meta)
                 if isinstance(req, wire.Refused):
                     metrics.CHUNK_OPS.labels(
                         _OP_NAMES.get(header.op, "other"), framing.status_name(req.status)
@@ -339,7 +339,7 @@ class DataServer:
                 self._clients -= conn.kind != _SERVER and not conn.reserve
             sock.close()
 
-    def _admit(self, conn: _Conn, header: framing.Header, meta: bytes, crcs) -> object:
+    def _admit(self, conn: _Conn, header: framing.Header, meta: bytes) -> object:
         """The decoded request of a frame whose data has not been received, or its refusal.
 
         Checks, in order: the credentials, the connection's class (a client in
@@ -351,9 +351,7 @@ class DataServer:
             grant = SERVER_GRANT
         else:
             try:
-                grant = self._keys.check_frame(
-                    header.body, header.auth, meta, framing.crc_table(crcs)
-                )
+                grant = self._keys.check_frame(header.body, header.auth, meta, header.table)
             except AuthError as exc:
                 return wire.Denied(str(exc))
         refusal = self._classify(conn, grant.server)

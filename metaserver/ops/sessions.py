@@ -141,17 +141,18 @@ def authorize(op: OpContext, req: meta_pb2.AuthorizeRequest) -> common_pb2.Inode
     client id is the caller's) and write permission. The namespace's caller
     signs the capability (:class:`emberfs.metaserver.service.MetaServicer`).
     """
-    if req.session_id:
-        attr = _session_file(op, req.inode, req.session_id)
-        raw = op.get_session(req.inode, req.session_id)
-        session = records.decode_session(keys.session_key(req.inode, req.session_id), raw)
-        if session.client_id != op.client_id:
-            raise PermissionDenied(f"write session {req.session_id} is another client's")
-        access.check(attr, op.creds, access.WRITE, f"inode {req.inode}")
-        return attr
     attr = op.get_inode(req.inode)
     if attr is None:
         raise NotFound(f"no inode {req.inode}")
+    if req.session_id:
+        key = keys.session_key(req.inode, req.session_id)
+        raw = op.get_session(req.inode, req.session_id)
+        if raw is None:
+            raise InvalidArgument(f"no write session {req.session_id} on inode {req.inode}")
+        if records.decode_session(key, raw).client_id != op.client_id:
+            raise PermissionDenied(f"write session {req.session_id} is another client's")
+        access.check(attr, op.creds, access.WRITE, f"inode {req.inode}")
+        return attr
     if attr.type != common_pb2.FILE:
         raise InvalidArgument(f"inode {req.inode} is not a file")
     access.check(attr, op.creds, access.READ, f"inode {req.inode}")

@@ -39,19 +39,13 @@ def shown(items) -> str:
 
 
 # the fuzzer's own pieces (no cluster) --------------------------------------------------------
-def frame_key() -> bytes:
-    import hmac
-
-    return hmac.digest(SECRET, b"emberfs/frame", "sha256")
-
-
-def test_server_section_signs_as_the_servers_check():
+def test_stale_server_credentials_are_refused():
     keys = ClusterKeys([SECRET])
     meta = data_pb2.ChunkReadRequest(chain_id=1).SerializeToString()
     body = framing.header_body(Op.READ, 0, len(meta), 0, 0, fuzz.SERVER_SECTION_SIZE)
-    section = fuzz.ServerSection(frame_key()).section(body, meta, b"")
+    section = keys.server_credential().section(body, meta, b"")
     assert keys.check_frame(body, section, meta, b"") == SERVER_GRANT
-    stale = fuzz.ServerSection(frame_key(), skew_ms=-(10**9)).section(body, meta, b"")
+    stale = keys.server_credential(skew_ms=-(10**9)).section(body, meta, b"")
     with pytest.raises(AuthError, match="out of date"):
         keys.check_frame(body, stale, meta, b"")
 
@@ -77,7 +71,7 @@ def write_frame(inode: int, cred) -> bytes:
 
 
 def test_server_credentials_never_write_real_chunks():
-    server = fuzz.ServerSection(frame_key())
+    server = ClusterKeys([SECRET]).server_credential()
     assert fuzz.changes_real_chunks(write_frame(5, server))
     assert not fuzz.changes_real_chunks(write_frame(fuzz.SCRATCH_INODE, server))
     assert not fuzz.changes_real_chunks(write_frame(5, fuzz.RawSection(b"\x02cap")))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import selectors
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import threading
