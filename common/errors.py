@@ -14,6 +14,7 @@ import os
 import grpc
 
 ERRNO_KEY = "emberfs-errno"
+LEADER_KEY = "emberfs-leader"  # trailer of NotLeader: the address of the metaserver that leads
 
 
 class EmberError(Exception):
@@ -108,6 +109,25 @@ class Unavailable(EmberError):
     retryable = True
 
 
+class NotLeader(Unavailable):
+    """This metaserver does not run the cluster manager now; ``leader`` does ("": none known yet).
+
+    Storage servers send their cluster calls to ``leader`` (the trailer
+    :data:`LEADER_KEY` carries it); without one they try the next metaserver.
+    """
+
+    def __init__(self, message: str = "", *, leader: str = "") -> None:
+        super().__init__(
+            message
+            or (
+                f"this metaserver does not lead the cluster; {leader} does"
+                if leader
+                else "this metaserver does not lead the cluster and no leader is known yet"
+            )
+        )
+        self.leader = leader
+
+
 class ChecksumMismatch(EmberError):
     errno = _errno.EIO
     code = grpc.StatusCode.DATA_LOSS
@@ -169,9 +189,21 @@ def error_for_errno(err: int, message: str = "") -> EmberError:
 
 
 def to_grpc(context: grpc.ServicerContext, exc: EmberError) -> None:
-    """Abort the current RPC with the status and errno of ``exc``."""
-    context.set_trailing_metadata(((ERRNO_KEY, str(exc.errno)),))
+    """Abort the current RPC with the status and errno of ``exc`` (and a NotLeader's leader)."""
+    trailers = [(ERRNO_KEY, str(exc.errno))]
+    if isinstance(exc, NotLeader):
+        trailers.append((LEADER_KEY, exc.leader))
+    context.set_trailing_metadata(tuple(trailers))
     context.abort(exc.code, exc.message)
+
+
+def leader_of(exc: grpc.RpcError) -> str | None:
+    """The leader a failed call named (NotLeader): its address, "" when none is known yet,
+    None when the call did not fail for that."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == LEADER_KEY:
+            return value
+    return None
 
 
 def errno_of(exc: grpc.RpcError) -> int:

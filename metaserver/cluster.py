@@ -19,6 +19,16 @@ heartbeat timeout. Silence is counted from the later of a node's last
 heartbeat and :attr:`Grace.since <emberfs.metaserver.grace.Grace.since>`, so
 every node gets a full timeout after the metaserver is up (listening) and
 after a stall of the metaserver itself (see :mod:`emberfs.metaserver.grace`).
+
+With several metaservers on one shared store, the manager's work runs on the
+one that leads (:mod:`emberfs.metaserver.leadership`): every change asks
+:meth:`Leadership.require <emberfs.metaserver.leadership.Leadership.require>`
+first (:class:`~emberfs.common.errors.NotLeader` points elsewhere) and commits
+with the leadership's fence, so a metaserver that lost the lead changes
+nothing. A metaserver that starts to lead reloads the state from the store
+(:meth:`ClusterManager.take_over`) and judges every node from then on; the
+others keep a copy of the stored state for reading (:meth:`ClusterManager.follow`:
+routing, chains for new files, capacity).
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ from emberfs.common.addresses import split_address
 from emberfs.metaserver import chainstate, keys
 from emberfs.metaserver.chainstate import OFFLINE, SERVING, Chain
 from emberfs.metaserver.grace import Grace
-from emberfs.metaserver.kv import KVEngine
+from emberfs.metaserver.kv import Conflict, KVEngine
+from emberfs.metaserver.leadership import Leadership
 from emberfs.metaserver.scrubboard import ScrubBoard
 from emberfs.proto import cluster_pb2, common_pb2
 
@@ -118,7 +129,12 @@ class ClusterManager:
         Since when the metaserver has heard without a break, and the stalls
         it notices at each :meth:`check_timeouts`; default one over ``clock``
         that notices none.
+    leadership : Leadership, optional
+        Whether this metaserver leads (default: it always does, the store is
+        its own).
     """
+
+    FOLLOW_INTERVAL = 2.0  # seconds a follower's copy of the state may age unchanged
 
     def __init__(
         self,
@@ -128,6 +144,7 @@ class ClusterManager:
         heartbeat_timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         grace: Grace | None = None,
+        leadership: Leadership | None = None,
     ):
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
@@ -145,8 +162,11 @@ class ClusterManager:
         self.tls = None  # and the TLS files of those calls (None: plaintext)
         self.grace = grace if grace is not None else Grace(clock=clock)
         self.clock = self.grace.clock
+        self.leadership = leadership if leadership is not None else Leadership()
         self._lock = threading.RLock()
         self._offline_listeners: list[Callable[[], None]] = []
+        self._dirty = False  # memory may hold a change the store refused: reload before use
+        self._loaded_at = -float("inf")
         self._load()
         # node -> monotonic time of its last heartbeat or registration; registration adds
         # keys under both locks, a heartbeat refreshes one under this lock alone
@@ -184,6 +204,9 @@ class ClusterManager:
         )
         raw = self.engine.get(keys.config_key(keys.FENCED))
         self._fenced: set[int] = set(json.loads(raw)) if raw else set()
+        self._routing_cache = self._build_routing()
+        self._dirty = False
+        self._loaded_at = self.clock()
 
     def _counter(self, name: str, default: int) -> int:
         raw = self.engine.get(keys.config_key(name))
@@ -223,12 +246,73 @@ class ClusterManager:
             ).encode()
             puts[keys.config_key(keys.FENCED)] = json.dumps(sorted(self._fenced)).encode()
         try:
-            self.engine.write(puts, sync=changes.bumps_routing or changes.admin)
+            self.engine.commit(
+                self.leadership.fence, puts, set(), sync=changes.bumps_routing or changes.admin
+            )
+        except Conflict:
+            # the leader key moved: another metaserver leads, and this change was not made
+            self.leadership.deposed()
+            self._reload_after_failure()
+            self.leadership.require()
+            raise errors.NotLeader() from None
         except BaseException:
-            self._load()  # memory follows what is stored
+            self._reload_after_failure()
             raise
         self._routing_version = version
-        self._routing_cache = None
+        self._routing_cache = self._build_routing()
+
+    def _reload_after_failure(self) -> None:
+        """Memory follows what is stored; while the store cannot be read, it is marked dirty
+        and answers keep the routing of the last state known to be stored."""
+        try:
+            self._load()
+        except errors.EmberError:
+            self._dirty = True
+
+    def _current(self) -> None:
+        """Before a change: this metaserver leads and its memory is the stored state."""
+        self.leadership.require()
+        if self._dirty:
+            self._load()  # raises while the store cannot be read
+
+    # ------------------------------------------------------------- leadership
+
+    def take_over(self) -> None:
+        """This metaserver starts to lead: reload the stored state and judge every node anew.
+
+        Nodes are judged from now (and, after another metaserver led, from
+        its outage grace later: it may still be granting leases while cut
+        off from the store).
+        """
+        with self._lock:
+            self._load()
+            self.scrub.load()
+            self.grace.begin(hold=self.leadership.outage_grace if self.leadership.shared else 0.0)
+            since = self.grace.since
+            with self._seen_lock:
+                self._last_seen = {node_id: since for node_id in self._nodes}
+            self._absent = set()
+            self._io = {}
+
+    def follow(self, *, force: bool = False) -> bool:
+        """A metaserver that does not lead: bring the copy of the state up to date.
+
+        Reloads when the stored routing version moved, or when the copy is
+        older than :attr:`FOLLOW_INTERVAL` (usage figures change without
+        one), or with ``force``. Returns whether it reloaded. A store that
+        cannot be read leaves the copy as it was.
+        """
+        if self.leadership.leading():
+            return False
+        with self._lock:
+            stale = self.clock() - self._loaded_at >= self.FOLLOW_INTERVAL
+            if not (force or stale):
+                raw = self.engine.get(keys.config_key(keys.ROUTING_VERSION))
+                stored = 0 if raw is None else _U64.unpack(raw)[0]
+                if stored == self._routing_version:
+                    return False
+            self._load()
+            return True
 
     def _set_chain(self, new: Chain, changes: _Changes) -> None:
         old = self._chains.get(new.chain_id)
@@ -291,8 +375,14 @@ class ClusterManager:
         return self.heartbeat_timeout / 2
 
     @property
+    def store_name(self) -> str:
+        """The metadata store, as an operator names it: ``rocksdb`` or its etcd URL."""
+        settings = getattr(self.engine, "settings", None)
+        return settings.url if settings is not None else "rocksdb"
+
+    @property
     def routing_version(self) -> int:
-        return self._routing_version
+        return self._routing_cache.version
 
     def chain_table(self) -> list[int]:
         """Ids of all chains, ascending (new files spread over them)."""
@@ -306,22 +396,24 @@ class ClusterManager:
             used = sum(t.used for t in self._targets.values())
             return capacity, used
 
+    def _build_routing(self) -> common_pb2.RoutingInfo:
+        """The routing info of the state in memory (made once it is the stored state)."""
+        info = common_pb2.RoutingInfo(version=self._routing_version)
+        for tid in sorted(self._targets):
+            t = info.targets.add()
+            t.CopyFrom(self._targets[tid])
+            node = self._nodes.get(t.node_id)
+            if node is not None:
+                t.data_address = node.data_address
+                t.grpc_address = node.grpc_address
+        for cid in sorted(self._chains):
+            c = self._chains[cid]
+            info.chains.add(chain_id=cid, version=c.version, targets=c.targets)
+        return info
+
     def routing(self) -> common_pb2.RoutingInfo:
-        """A copy of the current routing info: every target and chain, and the version."""
+        """A copy of the routing info as last stored: every target and chain, and the version."""
         with self._lock:
-            if self._routing_cache is None:
-                info = common_pb2.RoutingInfo(version=self._routing_version)
-                for tid in sorted(self._targets):
-                    t = info.targets.add()
-                    t.CopyFrom(self._targets[tid])
-                    node = self._nodes.get(t.node_id)
-                    if node is not None:
-                        t.data_address = node.data_address
-                        t.grpc_address = node.grpc_address
-                for cid in sorted(self._chains):
-                    c = self._chains[cid]
-                    info.chains.add(chain_id=cid, version=c.version, targets=c.targets)
-                self._routing_cache = info
             out = common_pb2.RoutingInfo()
             out.CopyFrom(self._routing_cache)
             return out
@@ -413,6 +505,7 @@ class ClusterManager:
         if len(req.targets) > MAX_TARGETS_PER_NODE:
             raise errors.InvalidArgument(f"more than {MAX_TARGETS_PER_NODE} targets")
         with self._lock:
+            self._current()
             seen: set[int] = set()
             for report in req.targets:
                 tid = report.target_id
@@ -486,6 +579,9 @@ class ClusterManager:
         """
         self._note_seen(req.node_id, self.clock())
         with self._lock:
+            if not self.leadership.leading() and self.leadership.granting():
+                return self._frozen_heartbeat(req)
+            self._current()
             if req.node_id not in self._nodes:
                 return cluster_pb2.HeartbeatResponse(
                     routing_version=self._routing_version,
@@ -520,8 +616,31 @@ class ClusterManager:
                 resp.routing.CopyFrom(self.routing())
             return resp
 
+    def _frozen_heartbeat(self, req: cluster_pb2.HeartbeatRequest) -> cluster_pb2.HeartbeatResponse:
+        """A heartbeat answer of a leader cut off from the store: the lease, the last stored
+        routing, no change (see :mod:`emberfs.metaserver.leadership`)."""
+        routing = self._routing_cache
+        resp = cluster_pb2.HeartbeatResponse(
+            routing_version=routing.version,
+            reregister=req.node_id not in self._nodes,
+            cluster_address=self.cluster_address,
+            lease_seconds=self.lease_seconds,
+            scrub=self.scrub.control(),
+        )
+        if req.routing_version < routing.version:
+            resp.routing.CopyFrom(routing)
+        return resp
+
     def get_routing(self, req: cluster_pb2.GetRoutingRequest) -> cluster_pb2.GetRoutingResponse:
-        """The routing info (always sent; ``known_version`` is advisory)."""
+        """The routing info (always sent; ``known_version`` is advisory).
+
+        A metaserver that does not lead first brings its copy up to date (it
+        answers with the copy it has while the store cannot be read).
+        """
+        try:
+            self.follow()
+        except errors.Unavailable:
+            pass
         return cluster_pb2.GetRoutingResponse(routing=self.routing())
 
     def sync_done(self, req: cluster_pb2.SyncDoneRequest) -> cluster_pb2.SyncDoneResponse:
@@ -532,6 +651,7 @@ class ClusterManager:
         chain version or a target that is not syncing.
         """
         with self._lock:
+            self._current()
             chain = self.chain(req.chain_id)
             new = chainstate.on_sync_done(chain, req.chain_version, req.target_id)
             changes = _Changes()
@@ -548,6 +668,7 @@ class ClusterManager:
         for an unknown target or one in no chain.
         """
         with self._lock:
+            self._current()
             info = self._targets.get(target_id)
             if info is None or not info.chain_id:
                 raise errors.NotFound(f"target {target_id} is in no chain")
@@ -568,6 +689,9 @@ class ClusterManager:
         the lock has already counted.
         """
         with self._lock:
+            if not self.leadership.leading():
+                return  # the leader judges
+            self._current()
             now = self.grace.check()
             with self._seen_lock:
                 seen_at = sorted(self._last_seen.items())
@@ -617,6 +741,7 @@ class ClusterManager:
             No such target.
         """
         with self._lock:
+            self._current()
             if target_id not in self._targets:
                 raise errors.NotFound(f"no target {target_id}")
             changes = _Changes(admin=target_id not in self._fenced)
@@ -652,6 +777,7 @@ class ClusterManager:
             or no free target can replace it.
         """
         with self._lock:
+            self._current()
             info = self._targets.get(target_id)
             if info is None:
                 raise errors.NotFound(f"no target {target_id}")

@@ -140,9 +140,20 @@ class PendingCuts:
                 log.warning("inode %d: the pending chunk cut failed again: %s", inode, exc)
         return done
 
-    def run(self, stop: threading.Event, interval: float = SWEEP_INTERVAL) -> None:
-        """Finish pending cuts every ``interval`` seconds until ``stop`` is set."""
+    def run(
+        self,
+        stop: threading.Event,
+        interval: float = SWEEP_INTERVAL,
+        active: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """Finish pending cuts every ``interval`` seconds until ``stop`` is set.
+
+        Rounds in which ``active()`` is false are skipped (the metaserver that
+        leads sweeps; operations still finish their own cuts anywhere).
+        """
         while not stop.wait(interval):
+            if not active():
+                continue
             try:
                 self.finish_all()
             except Exception:

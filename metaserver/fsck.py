@@ -281,6 +281,8 @@ class Fsck:
                 want = 0 if inode == records.ROOT_INODE else 1
                 if n == want or not self._unchanged(inode, nlink):
                     continue  # fine, or removed while this ran
+                if n == 0 and self.engine.get(keys.trash_key(inode)) is not None:
+                    continue  # a removed tree whose entries are being deleted
                 what = "unreachable_inode" if n == 0 else "wrong_link_count"
                 yield Finding(what, inode, detail=f"a directory named by {n} entries")
             elif n != nlink and self._unchanged(inode, nlink):  # not linked or removed meanwhile

@@ -108,7 +108,9 @@ class GCQueue:
         self.cluster = cluster
         self.engine: KVEngine = cluster.engine
         self._lock = threading.Lock()  # acknowledgements of one item see each other
-        self._floor = GCFloor()
+        # The floor knows only the items this process queued: on a store other metaservers
+        # also queue into, scans start at the front (etcd's ranges skip deleted keys cheaply).
+        self._floor = None if self.engine.shared else GCFloor()
         cluster.on_offline(self.collect)
 
     @staticmethod
@@ -151,11 +153,15 @@ class GCQueue:
 
     def queued(self, gc_ids: list[int]) -> None:
         """Items were queued (called after their commit): scans must not skip them."""
-        if gc_ids:
+        if gc_ids and self._floor is not None:
             self._floor.lower(min(gc_ids))
 
     def _scan(self, limit: int | None = None) -> Iterator[cluster_pb2.GCItem]:
         """The queued items in id order, from the :class:`GCFloor` on (which it raises)."""
+        if self._floor is None:
+            for key, raw in self.engine.scan_prefix(keys.GC, limit=limit):
+                yield self._item(key, raw)
+            return
         floor, seen = self._floor.start()
         if floor > MAX_GC_ID:
             return  # nothing queued
@@ -194,7 +200,7 @@ class GCQueue:
         """Remove every item all of whose required targets acked; the number removed."""
         removed = 0
         items = list(self.engine.scan_prefix(keys.GC))
-        if items:
+        if items and self._floor is not None:
             # The whole queue from its start: an item that reached the queue without
             # ``queued`` below the floor is found here and fetched from now on.
             self._floor.lower(keys.gc_id(items[0][0]))
@@ -221,5 +227,5 @@ class GCQueue:
         return out
 
     def count(self) -> int:
-        """Number of queued items (a key scan, no acknowledgement lookups)."""
-        return sum(1 for _ in self.engine.scan_prefix(keys.GC))
+        """Number of queued items (a key count, no acknowledgement lookups)."""
+        return self.engine.count_prefix(keys.GC)

@@ -66,11 +66,16 @@ class Grace:
         with self._lock:
             return self._since
 
-    def begin(self) -> float:
-        """The metaserver hears from now on (all its servers listen): nothing is judged before now."""
+    def begin(self, hold: float = 0.0) -> float:
+        """The metaserver hears from now on (all its servers listen): nothing is judged before now.
+
+        ``hold``: nothing is judged before ``hold`` seconds from now either (a
+        metaserver that takes the cluster over from another waits out the
+        grants the other may still be making, see :mod:`emberfs.metaserver.leadership`).
+        """
         with self._lock:
             now = self.clock()
-            self._since = max(self._since, now)
+            self._since = max(self._since, now + hold)
             self._last_round = max(self._last_round, now)
             return now
 

@@ -153,8 +153,10 @@ def prune_expired(
         last = key
         if now - records.decode_idempotent(raw).stored_ns > max_age_ns:
             doomed.add(key)
-    if doomed:
-        engine.write({}, doomed)
+    step = engine.max_txn_ops or len(doomed) or 1
+    ordered = sorted(doomed)
+    for i in range(0, len(ordered), step):  # each batch as large as the store takes
+        engine.write({}, set(ordered[i : i + step]))
     if seen < limit or last is None:
         return None, seen
     return last + b"\x00", seen

@@ -32,6 +32,10 @@ TOKEN = b"TOKN"  # TOKN + token id (utf-8)            -> token record (JSON)
 #                 TOKN                                  -> token guard (token_guard_key)
 # counters and settings
 CONFIG = b"CONF"  # CONF + name                       -> value
+# the cluster manager's leader (etcd: bound to the leading metaserver's lease)
+LEADER = b"LEAD"  # LEAD                               -> LeaderInfo (JSON)
+# subtrees a recursive remove detached, to be deleted in slices
+TRASH = b"TRSH"  # TRSH + inode id (u64 BE)            -> b"" (the detached directory)
 
 ALL_PREFIXES = (
     INODE,
@@ -46,6 +50,8 @@ ALL_PREFIXES = (
     CHAIN,
     TOKEN,
     CONFIG,
+    LEADER,
+    TRASH,
 )
 
 # names of the CONF keys
@@ -58,6 +64,7 @@ ROUTING_VERSION = "cluster.routing_version"
 DRAINS = "cluster.drains"  # JSON {drained target id: replacement target id}
 FENCED = "cluster.fenced"  # JSON [target ids held offline until their node registers again]
 SCRUB = "cluster.scrub"  # JSON {"paused": bool, "start": int}: the operator's scrub control
+INODE_COUNTS = "inode_counts."  # + shard (3 digits): inodes by type (shared stores only)
 
 _U64_LE = struct.Struct("<Q")
 _U64_BE = struct.Struct(">Q")
@@ -192,3 +199,12 @@ def token_id_of(key: bytes) -> str:
 
 def config_key(name: str) -> bytes:
     return CONFIG + name.encode()
+
+
+def trash_key(inode: int) -> bytes:
+    return TRASH + _U64_BE.pack(inode)
+
+
+def trash_inode(key: bytes) -> int:
+    """The inode id of a detached subtree's key."""
+    return _U64_BE.unpack(key[len(TRASH) :])[0]

@@ -1,9 +1,12 @@
 """The metadata store: a small transactional key-value interface.
 
 Everything the metaserver keeps (namespace, sessions, cluster state, GC queue)
-goes through :class:`KVEngine`. Two engines implement it: :class:`RocksEngine`
-(rocksdict, the durable default) and :class:`MemoryEngine` (tests, and the
-model any future distributed engine must match).
+goes through :class:`KVEngine`. Three engines implement it: :class:`RocksEngine`
+(rocksdict, the durable default), :class:`MemoryEngine` (tests, and the model
+every other engine must match), both :class:`LocalEngine` subclasses that one
+process owns, and :class:`~emberfs.metaserver.etcd.EtcdEngine`, a store that
+several metaservers share (:attr:`KVEngine.shared`), whose transactions have
+limits of their own (:attr:`KVEngine.max_txn_ops`, :class:`TransactionTooLarge`).
 
 Transactions are optimistic: reads made through a :class:`Transaction` are
 remembered, writes are buffered, and :meth:`Transaction.commit` applies the
@@ -14,7 +17,7 @@ A commit is durable before it returns: the RocksDB engine syncs its WAL.
 commit that read it and wrote syncs the same WAL, which holds it, before
 returning. A transaction that only read does not wait for that sync.)
 
-Commits are grouped: concurrent committers queue their transactions, and one
+On the local engines commits are grouped: concurrent committers queue their transactions, and one
 of them (the leader) validates every queued read set in arrival order -
 against the store and the writes of the transactions accepted before it in
 the same group - then writes all accepted transactions as one atomic batch
@@ -40,6 +43,7 @@ group syncs when any of its commits asked for it.
 from __future__ import annotations
 
 import bisect
+import errno as _errno
 import random
 import threading
 import time
@@ -48,6 +52,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
+
+from emberfs.common.errors import EmberError
+
 T = TypeVar("T")
 
 _MISSING = object()
@@ -55,6 +63,19 @@ _MISSING = object()
 
 class Conflict(Exception):
     """A key read by the transaction changed before it committed."""
+
+
+class TransactionTooLarge(EmberError):
+    """A transaction touches more keys, or more bytes, than the store takes in one commit.
+
+    Only stores with limits raise it (etcd: 128 operations and 1.5 MiB a
+    transaction by default). Operations that may grow without bound split
+    themselves before they reach it (a recursive remove of a large tree);
+    any other reaches the client as ``E2BIG`` with what was too large.
+    """
+
+    errno = _errno.E2BIG
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -69,7 +90,22 @@ def prefix_end(prefix: bytes) -> bytes | None:
 
 
 class KVEngine(ABC):
-    """A sorted byte-key store with atomic multi-key commits."""
+    """A sorted byte-key store with atomic multi-key commits.
+
+    Attributes
+    ----------
+    shared : bool
+        Other processes (other metaservers) may write the store at any
+        moment: nothing read outside a transaction may be cached as current,
+        and memory-only shortcuts of one process do not hold.
+    max_txn_ops : int or None
+        Most keys one commit may write (and, separately, most keys it may
+        have read); None when unbounded. A commit over it raises
+        :class:`TransactionTooLarge`.
+    """
+
+    shared = False
+    max_txn_ops: int | None = None
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None: ...
@@ -79,6 +115,50 @@ class KVEngine(ABC):
         self, start: bytes, end: bytes | None, limit: int | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` (no upper bound when end is None), in key order."""
+
+    def scan_prefix(
+        self, prefix: bytes, start_after: bytes | None = None, limit: int | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        start = prefix if start_after is None else start_after + b"\x00"
+        return self.scan(start, prefix_end(prefix), limit)
+
+    def count_prefix(self, prefix: bytes) -> int:
+        """How many keys start with ``prefix``."""
+        return sum(1 for _ in self.scan_prefix(prefix))
+
+    @abstractmethod
+    def transaction(self) -> Transaction: ...
+
+    @abstractmethod
+    def write(
+        self, puts: dict[bytes, bytes], deletes: set[bytes] | None = None, *, sync: bool = True
+    ) -> None:
+        """A blind atomic batch (no read-set check); ``sync=False`` as for :meth:`commit`."""
+
+    @abstractmethod
+    def commit(
+        self,
+        reads: dict[bytes, bytes | None],
+        puts: dict[bytes, bytes],
+        deletes: set[bytes],
+        sync: bool = True,
+        *,
+        version: int | None = None,
+    ) -> None:
+        """Apply ``puts``/``deletes`` atomically if every key in ``reads`` still has the value read.
+
+        Raises :class:`Conflict` (nothing applied) when a key read has changed.
+        """
+
+    def sync(self) -> None:  # noqa: B027 - optional hook
+        """Make every commit so far durable (those made with ``sync=False`` too)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class LocalEngine(KVEngine):
+    """An engine one process owns, whose concurrent commits are grouped (module docstring)."""
 
     @abstractmethod
     def _apply(self, puts: dict[bytes, bytes], deletes: set[bytes]) -> None:
@@ -104,12 +184,6 @@ class KVEngine(ABC):
             self.version += 1
         if sync:
             self.sync()
-
-    def scan_prefix(
-        self, prefix: bytes, start_after: bytes | None = None, limit: int | None = None
-    ) -> Iterator[tuple[bytes, bytes]]:
-        start = prefix if start_after is None else start_after + b"\x00"
-        return self.scan(start, prefix_end(prefix), limit)
 
     def transaction(self) -> Transaction:
         return Transaction(self)
@@ -209,12 +283,6 @@ class KVEngine(ABC):
             for pending in accepted:
                 pending.applied = True
 
-    def sync(self) -> None:  # noqa: B027 - optional hook
-        """Make every commit so far durable (those made with ``sync=False`` too)."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        pass
-
 
 class _PendingCommit:
     """One transaction waiting in a commit group."""
@@ -233,11 +301,15 @@ class _PendingCommit:
 
 
 class Transaction:
-    """Reads through to the engine (seeing its own writes), buffers writes."""
+    """Reads through to the engine (seeing its own writes), buffers writes.
+
+    This is the local engines' transaction; other engines subclass it and
+    replace :meth:`_read`, :meth:`_stored_scan` and :meth:`commit`.
+    """
 
     def __init__(self, engine: KVEngine):
         self.engine = engine
-        self.version = engine.version  # before the first read
+        self.version = getattr(engine, "version", None)  # before the first read
         self.reads: dict[bytes, bytes | None] = {}
         self.puts: dict[bytes, bytes] = {}
         self.deletes: set[bytes] = set()
@@ -247,9 +319,50 @@ class Transaction:
             return self.puts[key]
         if key in self.deletes:
             return None
-        value = self.engine.get(key)
-        self.reads.setdefault(key, value)
+        if key in self.reads:
+            return self.reads[key]
+        value = self._read(key)
+        self.reads[key] = value
         return value
+
+    def peek(self, key: bytes) -> bytes | None:
+        """The value of ``key`` as this transaction sees it, without adding it to the read set.
+
+        For reads no decision of the transaction rests on (a count, a
+        permission walk whose subtree is detached in the same commit).
+        """
+        if key in self.puts:
+            return self.puts[key]
+        if key in self.deletes:
+            return None
+        if key in self.reads:
+            return self.reads[key]
+        return self._peek(key)
+
+    def _read(self, key: bytes) -> bytes | None:
+        """The stored value of ``key`` (recorded in the read set by :meth:`get`)."""
+        return self.engine.get(key)
+
+    def _peek(self, key: bytes) -> bytes | None:
+        return self.engine.get(key)
+
+    def _stored_scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """The stored pairs in ``[start, end)`` that :meth:`scan_prefix` merges its writes into."""
+        return self.engine.scan(start, end)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(keys read, keys written)`` so far."""
+        return len(self.reads), len(self.puts) + len(self.deletes)
+
+    def savepoint(self) -> tuple:
+        """What :meth:`rollback` returns the transaction to: its reads and writes so far."""
+        return dict(self.reads), dict(self.puts), set(self.deletes)
+
+    def rollback(self, savepoint: tuple) -> None:
+        """Forget every read and write made since ``savepoint``."""
+        reads, puts, deletes = savepoint
+        self.reads, self.puts, self.deletes = dict(reads), dict(puts), set(deletes)
 
     def put(self, key: bytes, value: bytes) -> None:
         self.deletes.discard(key)
@@ -270,7 +383,7 @@ class Transaction:
         end = prefix_end(prefix)
         lo = prefix if start_after is None else start_after + b"\x00"
         local = sorted(k for k in self.puts if k >= lo and (end is None or k < end))
-        stored = self.engine.scan(lo, end)
+        stored = self._stored_scan(lo, end)
         count = 0
         li = 0
         for key, value in stored:
@@ -339,7 +452,7 @@ def run_transaction(
     return result
 
 
-class MemoryEngine(KVEngine):
+class MemoryEngine(LocalEngine):
     """A sorted in-memory engine with the same semantics (not durable)."""
 
     def __init__(self) -> None:
@@ -371,7 +484,7 @@ class MemoryEngine(KVEngine):
                 self._data[key] = value
 
 
-class RocksEngine(KVEngine):
+class RocksEngine(LocalEngine):
     """RocksDB through rocksdict; every commit syncs the WAL before returning."""
 
     def __init__(self, path: str | Path, *, sync: bool = True):

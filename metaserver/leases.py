@@ -12,6 +12,15 @@ counts from :attr:`Grace.since <emberfs.metaserver.grace.Grace.since>` at the
 earliest, so after a restart or a stall of the metaserver every session has a
 full session timeout to be renewed.
 
+Renewals may reach any metaserver of a shared store while one of them (the
+leader) judges the leases, so a renewal counts twice over: the metaserver
+that serves it notes it in memory, and it rewrites the session's record with
+a new renewal time, which every judge notices as a change of the record
+(:meth:`Leases.silence` is given the record's renewal time; a value it has not
+seen before counts as a renewal now, on the judge's own clock). A renewal a
+judge sees only through the record is so counted up to one sweep late,
+never early.
+
 Open and renewal note the lease inside their transaction, before it commits
 (:meth:`Leases.renewed`); an expiry reads the session's record first and asks
 :meth:`Leases.lapsed` after. A renewal that the expiry does not see in memory
@@ -50,6 +59,7 @@ class Leases:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._renewed: dict[SessionRef, float] = {}
+        self._records: dict[SessionRef, int] = {}  # the renewal time each record showed last
 
     def renewed(self, inode: int, session_id: int) -> None:
         """The session was opened or renewed now."""
@@ -58,20 +68,33 @@ class Leases:
             key = (inode, session_id)
             self._renewed[key] = max(self._renewed.get(key, now), now)
 
-    def silence(self, inode: int, session_id: int, now: float | None = None) -> float:
+    def silence(
+        self,
+        inode: int,
+        session_id: int,
+        now: float | None = None,
+        record_renewed_ns: int | None = None,
+    ) -> float:
         """Seconds the session has gone without a renewal at ``now`` (default: the clock's now).
 
-        A session seen for the first time counts as renewed now.
+        A session seen for the first time counts as renewed now, and so does
+        one whose record shows a renewal time (``record_renewed_ns``) other
+        than the one seen before.
         """
         if now is None:
             now = self.grace.clock()
+        key = (inode, session_id)
         with self._lock:
-            last = self._renewed.setdefault((inode, session_id), now)
+            if record_renewed_ns is not None and self._records.get(key) != record_renewed_ns:
+                if key in self._records:
+                    self._renewed[key] = max(self._renewed.get(key, now), now)
+                self._records[key] = record_renewed_ns
+            last = self._renewed.setdefault(key, now)
         return self.grace.silence(last, now)
 
-    def lapsed(self, inode: int, session_id: int, now: float | None = None) -> bool:
+    def lapsed(self, inode: int, session_id: int, record_renewed_ns: int | None = None) -> bool:
         """Whether the session went without a renewal for the whole timeout."""
-        return self.silence(inode, session_id, now) >= self.timeout
+        return self.silence(inode, session_id, None, record_renewed_ns) >= self.timeout
 
     def retain(self, stored: Iterable[SessionRef]) -> None:
         """Keep only the leases of ``stored`` sessions (a scan of the store).
@@ -83,3 +106,5 @@ class Leases:
         with self._lock:
             for key in [k for k in self._renewed if k not in keep]:
                 del self._renewed[key]
+            for key in [k for k in self._records if k not in keep]:
+                del self._records[key]

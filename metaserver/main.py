@@ -1,7 +1,13 @@
 """The ``emberfs metaserver`` process.
 
 One RocksDB under ``DATA_DIR/meta`` holds the namespace and the cluster
-state. One gRPC server on ``--listen`` serves ``MetaService`` and
+state, or, with ``--kv etcd://...``, an etcd cluster that any number of
+metaservers share (:mod:`emberfs.metaserver.etcd`). Every metaserver serves
+the namespace; the cluster manager's work runs on the one that leads
+(:mod:`emberfs.metaserver.leadership`), and the others answer storage nodes'
+cluster calls with :class:`~emberfs.common.errors.NotLeader` naming it,
+forward readers' lost-chunk reports to it, and pass admin API calls on to its
+admin API. One gRPC server on ``--listen`` serves ``MetaService`` and
 ``ClusterService``; a second one on ``--cluster-listen`` serves
 ``ClusterService`` alone, on worker threads of its own, so that storage
 nodes' heartbeats never wait behind metadata calls (nodes register on
@@ -32,24 +38,35 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from functools import partial
 from pathlib import Path
 
 import grpc
 
-from emberfs.common import grpcauth, wire
+from emberfs.common import errors, grpcauth, wire
 from emberfs.common import layout as layout_rules
 from emberfs.common.addresses import join_address, split_address
 from emberfs.common.auth import add_secret_arguments, keys_from_args, tls_from_args
 from emberfs.common.grpcauth import AuthInterceptor
 from emberfs.metaserver import cluster_service
+from emberfs.metaserver import cuts as cuts_module
 from emberfs.metaserver import service as meta_service
 from emberfs.metaserver.chunk_truncation import truncate_chunks
 from emberfs.metaserver.cluster import ClusterManager
+from emberfs.metaserver.etcd import COMPACT_INTERVAL, Compactor, EtcdSettings, is_etcd_url
 from emberfs.metaserver.gcqueue import GCQueue
 from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import KVEngine, RocksEngine
+from emberfs.metaserver.leadership import (
+    DEFAULT_OUTAGE_GRACE,
+    DEFAULT_TTL,
+    EtcdLeadership,
+    LeaderInfo,
+    Leadership,
+    new_id,
+)
 from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.namespace import Namespace
 from emberfs.metaserver.repair import ReadRepair, stat_inode_of
@@ -63,6 +80,7 @@ CLUSTER_WORKERS = 16  # the cluster address's own: a node has a few calls in fli
 GC_SWEEP_INTERVAL = 10.0
 SESSION_SWEEP_INTERVAL = 5.0  # at most; shorter for short session timeouts
 RETRY_SWEEP_INTERVAL = 60.0
+TRASH_SWEEP_INTERVAL = 10.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -70,8 +88,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="emberfs metaserver",
         description="Run the metaserver: namespace, cluster manager and admin API.",
     )
-    p.add_argument("--data-dir", required=True, help="directory of the metadata store")
+    p.add_argument("--data-dir", help="directory of the metadata store (RocksDB, the default)")
+    p.add_argument(
+        "--kv",
+        default="rocksdb",
+        help="the metadata store: 'rocksdb' (in --data-dir, the default) or "
+        "etcd://HOST:PORT[,HOST:PORT...][/PREFIX], shared by every metaserver given the same URL",
+    )
     p.add_argument("--listen", default="127.0.0.1:9400", help="gRPC HOST:PORT (port 0: any)")
+    p.add_argument(
+        "--advertise",
+        help="the address storage servers reach this metaserver's --listen by, as other "
+        "metaservers tell them (default: the bound one; a wildcard host: this host's name)",
+    )
+    p.add_argument(
+        "--leader-ttl",
+        type=float,
+        default=DEFAULT_TTL,
+        help="etcd: seconds of the lease that holds the cluster manager's lead; a dead leader "
+        f"is replaced after about this long (default {DEFAULT_TTL:g})",
+    )
+    p.add_argument(
+        "--store-outage-grace",
+        type=float,
+        default=DEFAULT_OUTAGE_GRACE,
+        help="etcd: seconds a leader cut off from etcd keeps storage nodes serving, and a new "
+        f"leader waits before it declares a node offline (default {DEFAULT_OUTAGE_GRACE:g})",
+    )
     p.add_argument(
         "--admin-listen", default="127.0.0.1:9401", help="admin HTTP HOST:PORT (port 0: any)"
     )
@@ -139,6 +182,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--capability-ttl must be positive")
     if args.max_pending_calls < 1:
         p.error("--max-pending-calls must be at least 1")
+    if is_etcd_url(args.kv):
+        try:
+            args.etcd = EtcdSettings.parse(args.kv)
+        except ValueError as exc:
+            p.error(f"--kv: {exc}")
+    elif args.kv == "rocksdb":
+        args.etcd = None
+        if not args.data_dir:
+            p.error("--data-dir is needed for the RocksDB store (or give --kv etcd://...)")
+    else:
+        p.error(f"--kv: {args.kv!r} is neither 'rocksdb' nor an etcd:// URL")
+    if args.leader_ttl < 2:
+        p.error("--leader-ttl must be at least 2 seconds (etcd's shortest lease)")
+    if args.store_outage_grace < 0:
+        p.error("--store-outage-grace must not be negative")
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
     if not args.heartbeat_timeout > 0:
@@ -151,7 +209,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--chunk-size: {exc}")
     if not 1 <= args.stripe <= layout_rules.MAX_STRIPE:
         p.error(f"--stripe must be between 1 and {layout_rules.MAX_STRIPE}")
-    for opt in ("listen", "admin_listen", "cluster_listen", "cluster_advertise"):
+    for opt in ("listen", "admin_listen", "cluster_listen", "cluster_advertise", "advertise"):
         if getattr(args, opt) is None:
             continue
         try:
@@ -210,8 +268,11 @@ def _sweep_loop(
     stop: threading.Event,
     interval: float,
     session_interval: float,
+    leading: Callable[[], bool] = lambda: True,
+    extra: Sequence[tuple[float, Callable[[], object], str]] = (),
 ) -> None:
-    """The sweeps: GC, write sessions and retry records, each at its own interval.
+    """The sweeps: GC, write sessions, retry records, detached trees (and ``extra`` jobs),
+    each at its own interval, on the metaserver that leads.
 
     ``interval`` is the loop's step. A job that fails is logged and runs again
     at its next turn. (The heartbeat timeouts run in :func:`_check_loop`, so
@@ -221,9 +282,13 @@ def _sweep_loop(
         (GC_SWEEP_INTERVAL, gc.collect, "garbage collection sweep"),
         (session_interval, namespace.expire_sessions, "write session expiry"),
         (RETRY_SWEEP_INTERVAL, namespace.prune_retry_records, "retry record sweep"),
+        (TRASH_SWEEP_INTERVAL, namespace.purge_detached, "detached tree sweep"),
+        *extra,
     ]
     waited = [0.0] * len(jobs)
     while not stop.wait(interval):
+        if not leading():
+            continue
         for i, (every, job, name) in enumerate(jobs):
             waited[i] += interval
             if waited[i] < every:
@@ -236,12 +301,35 @@ def _sweep_loop(
 
 
 def _check_loop(cluster: ClusterManager, stop: threading.Event, interval: float) -> None:
-    """Every ``interval``, the heartbeat timeouts (a failure is logged; the next round runs)."""
+    """Every ``interval``, the heartbeat timeouts on the leader, and a follower's copy of
+    the cluster state (a failure is logged; the next round runs)."""
     while not stop.wait(interval):
         try:
-            cluster.check_timeouts()
+            if cluster.leadership.leading():
+                cluster.check_timeouts()
+            else:
+                cluster.follow()
+        except errors.Unavailable as exc:
+            log.info("cluster state: %s", exc)
         except Exception:
             log.exception("cluster timeout check failed")
+
+
+def open_engine(args: argparse.Namespace) -> KVEngine:
+    """The metadata store the arguments name."""
+    if args.etcd is not None:
+        from emberfs.metaserver.etcd import EtcdEngine
+
+        return EtcdEngine(args.etcd)
+    return RocksEngine(Path(args.data_dir) / "meta")
+
+
+def _advertised(address: str, bound_port: int) -> str:
+    """``address`` with the port bound, a wildcard host replaced by this host's name."""
+    host, _ = split_address(address)
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return join_address(host, bound_port)
 
 
 def _bind(server: grpc.Server, address: str, tls=None) -> int:
@@ -290,8 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    engine = RocksEngine(Path(args.data_dir) / "meta")
+    try:
+        engine = open_engine(args)
+    except Exception as exc:
+        print(f"emberfs metaserver: cannot open the metadata store: {exc}", file=sys.stderr)
+        return 1
     grpc_server = None
+    leadership: Leadership | None = None
     cluster_server = None
     admin = None
     loops: list[threading.Thread] = []
@@ -299,11 +392,21 @@ def main(argv: list[str] | None = None) -> int:
         max_gap, interval, session_interval = intervals(
             args.heartbeat_timeout, args.session_timeout
         )
+        if engine.shared:
+            leadership = EtcdLeadership(
+                engine,
+                LeaderInfo(new_id(), ""),
+                ttl=args.leader_ttl,
+                outage_grace=args.store_outage_grace,
+            )
+        else:
+            leadership = Leadership()
         cluster = ClusterManager(
             engine,
             replicas=args.replicas,
             heartbeat_timeout=args.heartbeat_timeout,
             grace=Grace(max_gap=max_gap),
+            leadership=leadership,
         )
         cluster.keys = args.keys
         cluster.tls = args.tls
@@ -326,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
             meta_service.MetaServicer(namespace, args.keys, args.capability_ttl), grpc_server
         )
         repair = ReadRepair(cluster, stat_inode_of(namespace))
-        servicer = cluster_service.ClusterServicer(cluster, gc, repair)
+        servicer = cluster_service.ClusterServicer(
+            cluster, gc, repair, forward=cluster_service.LeaderForwarder(cluster)
+        )
         cluster_service.add_to_server(servicer, grpc_server)
         cluster_service.add_to_server(servicer, cluster_server)
         host, _ = split_address(args.listen)
@@ -345,7 +450,14 @@ def main(argv: list[str] | None = None) -> int:
         from emberfs.metaserver.api import create_app
 
         try:
-            app = create_app(cluster, gc, namespace, admin_token=args.admin_token, tokens=tokens)
+            app = create_app(
+                cluster,
+                gc,
+                namespace,
+                admin_token=args.admin_token,
+                tokens=tokens,
+                tls=args.tls,
+            )
             admin = _start_admin(app, args.admin_listen, args.tls)
         except OSError as exc:
             print(
@@ -361,18 +473,47 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             return 0
 
-        # Everything listens: nodes and writers are judged from now, a full timeout each at least.
-        cluster.grace.begin()
+        admin_host, admin_port = sock.getsockname()[:2]
+        advertised = _advertised(args.advertise or args.listen, port)
+        scheme = "https" if args.tls is not None and args.tls.cert else "http"
+        admin_advertised = _advertised(join_address(admin_host, admin_port), admin_port)
+        if args.advertise:
+            admin_advertised = join_address(split_address(advertised)[0], admin_port)
+        leadership.me = LeaderInfo(
+            leadership.me.id,
+            advertised,
+            _advertised(cluster.cluster_address, split_address(cluster.cluster_address)[1]),
+            f"{scheme}://{admin_advertised}",
+        )
+        # Everything listens: the lead is taken (at once on a store of its own), and from
+        # then nodes and writers are judged, a full timeout each at least.
+        leadership.start(on_elected=cluster.take_over)
+        extra = []
+        if engine.shared:
+            extra.append((COMPACT_INTERVAL, Compactor(engine), "etcd compaction"))
         for target, loop_args, name in (
             (_check_loop, (cluster, stop, interval), "timeouts"),
-            (_sweep_loop, (gc, namespace, stop, interval, session_interval), "sweeps"),
+            (
+                _sweep_loop,
+                (gc, namespace, stop, interval, session_interval, leadership.leading, extra),
+                "sweeps",
+            ),
             (repair.run, (stop,), "read-repair"),
-            *([(namespace.cuts.run, (stop,), "chunk-cuts")] if namespace.cuts else []),
+            *(
+                [
+                    (
+                        namespace.cuts.run,
+                        (stop, cuts_module.SWEEP_INTERVAL, leadership.leading),
+                        "chunk-cuts",
+                    )
+                ]
+                if namespace.cuts
+                else []
+            ),
         ):
             loop = threading.Thread(target=target, args=loop_args, name=name, daemon=True)
             loop.start()
             loops.append(loop)
-        admin_host, admin_port = sock.getsockname()[:2]
         print(
             f"READY metaserver {join_address(host, port)} "
             f"admin {join_address(admin_host, admin_port)} cluster {cluster.cluster_address}",
@@ -392,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
             thread.join(timeout=5)
         for loop in loops:
             loop.join(timeout=5)
+        if leadership is not None:
+            leadership.stop()
         engine.close()
 
 

@@ -18,7 +18,9 @@ and its nlink stays 2. Emptiness checks use the directory's entry guard
 instead (see :mod:`emberfs.metaserver.records`).
 
 The inode counts behind :meth:`Namespace.counts` are kept in memory: one
-scan of the inodes at start-up, then adjusted after each commit.
+scan of the inodes at start-up, then adjusted after each commit; on a store
+that several metaservers share they are kept in the store instead, with every
+operation (:mod:`emberfs.metaserver.inodecounts`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from google.protobuf.message import Message
 
 from emberfs.common import layout as layouts
 from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
-from emberfs.metaserver import cuts, dirlayout, idempotency, keys, records
+from emberfs.metaserver import cuts, dirlayout, idempotency, inodecounts, keys, records
 from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
 from emberfs.metaserver.leases import Leases
@@ -143,14 +145,18 @@ class Namespace:
             seeds=IdAllocator(engine, keys.NEXT_SEED, first=0),
             session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
             leases=self._leases,
+            shared_counts=engine.shared,
         )
         self._cuts = None if truncate_chunks is None else cuts.PendingCuts(engine, truncate_chunks)
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
         self._hints = idempotency.PruneHints()
         self._inflight = idempotency.InFlight()
+        self._purge_lock = threading.Lock()
+        self._purge_queue: list[int] = []
+        self._purger: threading.Thread | None = None
         run_transaction(engine, self._make_root)
-        self._by_type = self._scan_counts()
+        self._by_type = {} if engine.shared else self._scan_counts()
 
     # set-up ---------------------------------------------------------------
 
@@ -169,6 +175,8 @@ class Namespace:
             crtime_ns=now,
         )
         txn.put(key, records.encode_inode(root))
+        if self.engine.shared:
+            inodecounts.add(txn, 0, {common_pb2.DIRECTORY: 1})
 
     def _scan_counts(self) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -242,6 +250,8 @@ class Namespace:
             self.engine.sync()
         if last:
             self._count(last[0])
+            if last[0].detached and not replayed[0]:
+                self._purge_soon(last[0].detached)
         # Answer a truncation once storage holds its cut (a retry's too, whose
         # first attempt may have stopped waiting for it).
         if replayed[0]:
@@ -304,8 +314,8 @@ class Namespace:
             self._gc_queued(list(last[0].gc_queued))
 
     def _count(self, op: OpContext) -> None:
-        """Apply the inode count changes of a committed operation."""
-        if op.delta:
+        """Apply the inode count changes of a committed operation (memory counts only)."""
+        if op.delta and not self.engine.shared:
             with self._counts_lock:
                 for file_type, n in op.delta.items():
                     self._by_type[file_type] = self._by_type.get(file_type, 0) + n
@@ -329,6 +339,63 @@ class Namespace:
                 seen += n
                 if cursor is None:
                     return seen
+
+    # detached trees -----------------------------------------------------------
+
+    def _purge_soon(self, inodes: list[int]) -> None:
+        """Delete detached trees in the background, starting now."""
+        with self._purge_lock:
+            self._purge_queue.extend(inodes)
+            if self._purger is None or not self._purger.is_alive():
+                self._purger = threading.Thread(
+                    target=self._purge_queued, name="purge-detached", daemon=True
+                )
+                self._purger.start()
+
+    def _purge_queued(self) -> None:
+        while True:
+            with self._purge_lock:
+                if not self._purge_queue:
+                    self._purger = None
+                    return
+                top = self._purge_queue.pop(0)
+            try:
+                self.purge_tree(top)
+            except Exception as exc:  # the sweep takes it up again
+                log.warning("deleting detached tree %d stopped: %s", top, exc)
+
+    def purge_tree(self, top: int) -> int:
+        """Delete the detached tree under directory ``top`` slice by slice; the slices committed."""
+        slices = 0
+        last: list[OpContext] = []
+
+        def attempt(txn: Transaction) -> bool:
+            op = OpContext(txn, Credentials(0, 0, frozenset()), self._env, self._clock())
+            last[:] = [op]
+            return remove.purge_slice(op, top)
+
+        while True:
+            last.clear()
+            try:
+                done = run_transaction(self.engine, attempt)
+            finally:
+                self._report_gc(last)
+            slices += 1
+            if last:
+                self._count(last[0])
+            if done:
+                return slices
+
+    def purge_detached(self) -> int:
+        """Finish every detached tree left in the store (the sweep); the trees finished."""
+        tops = [keys.trash_inode(k) for k, _ in self.engine.scan_prefix(keys.TRASH)]
+        for top in tops:
+            self.purge_tree(top)
+        return len(tops)
+
+    def detached(self) -> int:
+        """How many detached trees wait to be deleted."""
+        return self.engine.count_prefix(keys.TRASH)
 
     # read-only calls --------------------------------------------------------
 
@@ -443,7 +510,9 @@ class Namespace:
         self._leases.retain((s.inode, s.session_id) for s in stored)
         ended = []
         for candidate in stored:
-            silence = self._leases.silence(candidate.inode, candidate.session_id, now)
+            silence = self._leases.silence(
+                candidate.inode, candidate.session_id, now, candidate.renewed_ns
+            )
             if silence < self._leases.timeout:
                 continue
             session = self._expire_one(candidate)
@@ -462,8 +531,8 @@ class Namespace:
     def _expire_one(self, candidate: records.Session) -> records.Session | None:
         last: list[OpContext] = []
 
-        def lapsed() -> bool:
-            return self._leases.lapsed(candidate.inode, candidate.session_id)
+        def lapsed(session: records.Session) -> bool:
+            return self._leases.lapsed(session.inode, session.session_id, session.renewed_ns)
 
         def attempt(txn: Transaction) -> records.Session | None:
             op = OpContext(txn, Credentials(0, 0, frozenset()), self._env, self._clock())
@@ -537,8 +606,11 @@ class Namespace:
     def counts(self) -> dict[str, int]:
         """Inode counts (``inodes``, ``files``, ``directories``, ``symlinks``), open write
         ``sessions``, and ``pending_cuts`` (files whose chunk cut storage may not hold yet)."""
-        with self._counts_lock:
-            by_type = dict(self._by_type)
+        if self.engine.shared:
+            by_type = inodecounts.totals(self.engine)
+        else:
+            with self._counts_lock:
+                by_type = dict(self._by_type)
         return {
             "inodes": sum(by_type.values()),
             "files": by_type.get(common_pb2.FILE, 0),
@@ -547,7 +619,7 @@ class Namespace:
             "sessions": sum(
                 1 for key, _ in self.engine.scan_prefix(keys.SESSION) if keys.is_session_key(key)
             ),
-            "pending_cuts": sum(1 for _ in self.engine.scan_prefix(keys.CUT)),
+            "pending_cuts": self.engine.count_prefix(keys.CUT),
         }
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -560,7 +632,9 @@ class Namespace:
         now = self._grace.clock()
         out = []
         for s in sessions.stored(self.engine):
-            left = self._leases.timeout - self._leases.silence(s.inode, s.session_id, now)
+            left = self._leases.timeout - self._leases.silence(
+                s.inode, s.session_id, now, s.renewed_ns
+            )
             out.append(
                 {
                     "inode": s.inode,

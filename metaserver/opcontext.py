@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emberfs.common.errors import Internal, InvalidArgument
-from emberfs.metaserver import cuts, gcqueue, keys, records
+from emberfs.metaserver import cuts, gcqueue, inodecounts, keys, records
 from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
 from emberfs.metaserver.leases import Leases
 from emberfs.proto import common_pb2
@@ -97,6 +97,7 @@ class NamespaceEnv:
     seeds: IdAllocator
     session_ids: IdAllocator
     leases: Leases
+    shared_counts: bool = False  # inode counts kept in the store (inodecounts), not in memory
 
 
 @dataclass
@@ -111,6 +112,13 @@ class OpContext:
     delta: dict[int, int] = field(default_factory=dict)  # FileType -> inodes added
     gc_queued: list[int] = field(default_factory=list)  # ids of the GC items queued
     cuts: list[int] = field(default_factory=list)  # inodes whose chunk cut was recorded
+    detached: list[int] = field(default_factory=list)  # directories detached for slicing
+    shard: int = field(default_factory=inodecounts.pick_shard)  # of the stored inode counts
+
+    def _counted(self, file_type: int, n: int) -> None:
+        self.delta[file_type] = self.delta.get(file_type, 0) + n
+        if self.env.shared_counts:
+            inodecounts.add(self.txn, self.shard, {file_type: n})
 
     # inodes -------------------------------------------------------------
 
@@ -141,12 +149,12 @@ class OpContext:
             crtime_ns=self.now,
             nlink=1,
         )
-        self.delta[file_type] = self.delta.get(file_type, 0) + 1
+        self._counted(file_type, 1)
         return attr
 
     def delete_inode(self, attr: common_pb2.InodeAttr) -> None:
         self.txn.delete(keys.inode_key(attr.inode))
-        self.delta[attr.type] = self.delta.get(attr.type, 0) - 1
+        self._counted(attr.type, -1)
         if attr.type == common_pb2.DIRECTORY:
             self.txn.delete(keys.dir_guard_key(attr.inode))
         elif attr.type == common_pb2.FILE:

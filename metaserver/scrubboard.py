@@ -25,11 +25,16 @@ class ScrubBoard:
         self._engine = engine
         self._lock = threading.Lock()
         self._reports: dict[int, cluster_pb2.ScrubReport] = {}
-        raw = engine.get(keys.config_key(keys.SCRUB))
+        self.load()
+
+    def load(self) -> None:
+        """Read the control from the store (a metaserver that starts to lead does)."""
+        raw = self._engine.get(keys.config_key(keys.SCRUB))
         saved = json.loads(raw) if raw else {}
-        self._control = cluster_pb2.ScrubControl(
-            paused=bool(saved.get("paused", False)), start=int(saved.get("start", 0))
-        )
+        with self._lock:
+            self._control = cluster_pb2.ScrubControl(
+                paused=bool(saved.get("paused", False)), start=int(saved.get("start", 0))
+            )
 
     def reported(self, target_id: int, report: cluster_pb2.ScrubReport) -> None:
         with self._lock:

@@ -11,6 +11,7 @@ failure naming its reason: in CI a missing test dependency must not pass unnotic
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import subprocess
@@ -19,7 +20,7 @@ import tempfile
 import pytest
 from hypothesis import Phase, settings
 
-from emberfs.cli.localcluster import LocalCluster
+from emberfs.cli.localcluster import LocalCluster, LocalEtcd
 
 pytest_plugins = ("pytester",)  # tests/test_conftest.py runs pytest on sample test files
 
@@ -77,6 +78,30 @@ def pytest_make_collect_report(collector):
     if REQUIRE_ALL_TESTS and report.skipped:
         _as_failure(report)
     return report
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory):
+    """One local etcd server for the whole session (etcd's default limits).
+
+    Each user takes a key prefix of its own (:func:`etcd_url`), so tests never see
+    each other's keys.
+    """
+    server = LocalEtcd(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_etcd_prefixes = itertools.count(1)
+
+
+@pytest.fixture
+def etcd_url(etcd):
+    """An ``etcd://`` URL on the session's etcd with a key prefix no other test uses."""
+    return etcd.url(f"test-{os.getpid()}-{next(_etcd_prefixes)}")
 
 
 def make_cluster(tmp_path_factory, name: str, **kwargs) -> LocalCluster:

@@ -17,7 +17,15 @@
   create, list and revoke client tokens (identities for the permission checks), with the
   admin token, listing too;
 * ``/metrics`` (Prometheus), ``/docs`` and ``/openapi.json``, and the
-  dashboard at ``/`` (static HTML and JavaScript polling the API).
+  dashboard at ``/`` (static HTML and JavaScript polling the API);
+* ``/api/v1/leader``: which metaserver leads the cluster, and whether this one does.
+
+With several metaservers on one store, the ``/api/v1`` routes are answered by
+the one that leads (it alone knows the nodes' heartbeats and steers the
+cluster): the others pass each such request on to the leader's admin API and
+its answer back (:func:`forward_to_leader`), so any metaserver's admin address
+serves the whole API. The probes, ``/metrics`` and ``/api/v1/leader`` are each
+process's own.
 
 Every error is JSON ``{"detail": "..."}``: typed errors of
 :mod:`emberfs.common.errors` map to 400/403/404/409/503, invalid parameters
@@ -26,13 +34,15 @@ to 422.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.background import BackgroundTask
 
 from emberfs.common import errors
 from emberfs.common.version import __version__
@@ -42,6 +52,7 @@ from emberfs.metaserver.api.routers import fsck as _fsck
 from emberfs.metaserver.api.routers import gc as _gc
 from emberfs.metaserver.api.routers import health as _health
 from emberfs.metaserver.api.routers import layouts as _layouts
+from emberfs.metaserver.api.routers import leader as _leader
 from emberfs.metaserver.api.routers import metrics as _metrics
 from emberfs.metaserver.api.routers import nodes as _nodes
 from emberfs.metaserver.api.routers import scrub as _scrub
@@ -57,6 +68,7 @@ from emberfs.metaserver.tokens import TokenStore
 STATIC_DIR = Path(__file__).parent / "static"
 ROUTERS = (
     _health,
+    _leader,
     _cluster,
     _nodes,
     _targets,
@@ -98,6 +110,42 @@ def _validation_detail(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+LOCAL_PATHS = frozenset({"/api/v1/leader"})
+"""``/api/v1`` routes every metaserver answers itself."""
+
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
+)
+
+
+async def forward_to_leader(request: Request, admin_url: str, client) -> StreamingResponse:
+    """Send ``request`` to the leader's admin API at ``admin_url``; its answer, streamed back."""
+    import httpx
+
+    url = admin_url.rstrip("/") + request.url.path
+    if request.url.query:
+        url += "?" + request.url.query
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
+    outgoing = client.build_request(
+        request.method, url, headers=headers, content=await request.body()
+    )
+    try:
+        answer = await client.send(outgoing, stream=True)
+    except httpx.HTTPError as exc:
+        return JSONResponse(
+            {"detail": f"the leading metaserver's admin API ({admin_url}) did not answer: {exc}"},
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
+    kept = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP_BY_HOP}
+    kept.pop("content-length", None)
+    return StreamingResponse(
+        answer.aiter_raw(),
+        status_code=answer.status_code,
+        headers=kept,
+        background=BackgroundTask(answer.aclose),
+    )
+
+
 def create_app(
     cluster: ClusterManager,
     gc: GCQueue,
@@ -105,6 +153,7 @@ def create_app(
     *,
     admin_token: str | None = None,
     tokens: TokenStore | None = None,
+    tls: Any = None,
 ) -> FastAPI:
     """The admin application.
 
@@ -123,6 +172,9 @@ def create_app(
     tokens : TokenStore or None, default None
         The client tokens to create, list and revoke; the token routes
         answer 503 without one.
+    tls : TLSFiles or None, default None
+        The CA that a leader's admin API is checked against when requests are
+        passed on to it over https.
 
     Returns
     -------
@@ -157,6 +209,32 @@ def create_app(
             {"detail": _validation_detail(exc)},
             status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
         )
+
+    forwarding: dict[str, Any] = {}
+
+    @app.middleware("http")
+    async def _to_leader(request: Request, call_next):
+        path = request.url.path
+        leadership = cluster.leadership
+        if not path.startswith("/api/v1/") or path in LOCAL_PATHS or leadership.leading():
+            return await call_next(request)
+        leader = leadership.leader()
+        if leader is not None and leader.id == leadership.me.id:
+            return await call_next(request)  # a leader cut off from the store answers itself
+        if leader is None or not leader.admin_url:
+            return JSONResponse(
+                {"detail": "no metaserver leads the cluster now; retry in a few seconds"},
+                status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            )
+        client = forwarding.get("client")
+        if client is None:
+            import httpx
+
+            verify: Any = True
+            if tls is not None and getattr(tls, "ca", None):
+                verify = ssl.create_default_context(cafile=tls.ca)
+            client = forwarding["client"] = httpx.AsyncClient(timeout=60.0, verify=verify)
+        return await forward_to_leader(request, leader.admin_url, client)
 
     for module in ROUTERS:
         app.include_router(module.router)

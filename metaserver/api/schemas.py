@@ -126,6 +126,29 @@ class DrainPublic(BaseModel):
     replacement_state: TargetState
 
 
+class LeaderPublic(BaseModel):
+    """A metaserver as the leader key names it."""
+
+    id: str
+    address: str = Field(description="its gRPC address (MetaService, ClusterService)")
+    cluster_address: str = Field(description="its ClusterService address for storage nodes")
+    admin_url: str = Field(description="its admin API")
+
+
+class LeadershipPublic(BaseModel):
+    """Who runs the cluster manager, as the metaserver that answers sees it."""
+
+    id: str = Field(description="the answering metaserver's id (new at every start)")
+    leading: bool = Field(description="the answering metaserver runs the cluster manager")
+    frozen: bool = Field(
+        description="it leads but cannot reach the metadata store: it changes nothing and keeps "
+        "storage servers serving for the outage grace"
+    )
+    term: int = Field(description="how many times the answering metaserver has taken the lead")
+    store: str = Field(description="the metadata store: rocksdb, or the etcd URL")
+    leader: LeaderPublic | None = Field(description="the leader (null: none known yet)")
+
+
 class ClusterPublic(BaseModel):
     """Summary of the whole cluster."""
 

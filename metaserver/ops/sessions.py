@@ -214,7 +214,9 @@ def renew(op: OpContext, req: meta_pb2.RenewSessionsRequest) -> meta_pb2.RenewSe
             continue
         session = records.decode_session(key, raw)
         op.env.leases.renewed(ref.inode, ref.session_id)
-        op.txn.put(key, records.encode_session(session.client_id, session.since_ns, op.now))
+        # the record always changes (a metaserver that judges leases sees a renewal so)
+        renewed = max(op.now, session.renewed_ns + 1)
+        op.txn.put(key, records.encode_session(session.client_id, session.since_ns, renewed))
     return meta_pb2.RenewSessionsResponse(expired=expired)
 
 
@@ -228,11 +230,11 @@ def stored(engine: KVEngine) -> list[records.Session]:
 
 
 def expire(
-    op: OpContext, inode: int, session_id: int, lapsed: Callable[[], bool]
+    op: OpContext, inode: int, session_id: int, lapsed: Callable[[records.Session], bool]
 ) -> records.Session | None:
     """End one session if its lease ran out: a Close without a length.
 
-    ``lapsed()`` tells whether the lease ran out; it is asked once the
+    ``lapsed(session)`` tells whether the lease ran out; it is asked once the
     session's record has been read (see :mod:`emberfs.metaserver.leases`).
     Returns the ended session, or None when it was closed or renewed in the
     meantime. The file keeps its recorded length; the last session of an
@@ -244,7 +246,7 @@ def expire(
     if raw is None:
         return None
     session = records.decode_session(key, raw)
-    if not lapsed():
+    if not lapsed(session):
         return None
     attr = op.get_inode(inode)
     if attr is None:

@@ -1,4 +1,4 @@
-"""The KV interface behaves the same on the RocksDB and in-memory engines."""
+"""The KV interface behaves the same on the RocksDB, in-memory and etcd engines."""
 
 from __future__ import annotations
 
@@ -13,9 +13,27 @@ import pytest
 from emberfs.metaserver import kv
 
 
-@pytest.fixture(params=["memory", "rocksdb"])
+def _engine(kind, tmp_path, request):
+    if kind == "memory":
+        return kv.MemoryEngine()
+    if kind == "rocksdb":
+        return kv.RocksEngine(tmp_path / "db")
+    from emberfs.metaserver.etcd import EtcdEngine
+
+    return EtcdEngine(request.getfixturevalue("etcd_url"))
+
+
+@pytest.fixture(params=["memory", "rocksdb", "etcd"])
 def engine(request, tmp_path):
-    e = kv.MemoryEngine() if request.param == "memory" else kv.RocksEngine(tmp_path / "db")
+    e = _engine(request.param, tmp_path, request)
+    yield e
+    e.close()
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def local_engine(request, tmp_path):
+    """The engines one process owns (group commits, the version shortcut)."""
+    e = _engine(request.param, tmp_path, request)
     yield e
     e.close()
 
@@ -71,13 +89,13 @@ def test_conflicting_transaction_is_refused(engine):
     assert engine.get(b"counter") == b"2"
 
 
-def test_a_read_only_commit_does_not_wait_for_writers(engine):
+def test_a_read_only_commit_does_not_wait_for_writers(local_engine):
     """Nothing applied since it began: a transaction that only read is done at once."""
-    engine.write({b"a": b"1"})
-    txn = engine.transaction()
+    local_engine.write({b"a": b"1"})
+    txn = local_engine.transaction()
     assert txn.get(b"a") == b"1" and txn.get(b"b") is None
     done = threading.Event()
-    with engine._commit_lock:  # a writer's batch (and its WAL sync) under way
+    with local_engine._commit_lock:  # a writer's batch (and its WAL sync) under way
 
         def commit():
             txn.commit()
@@ -87,7 +105,8 @@ def test_a_read_only_commit_does_not_wait_for_writers(engine):
         assert done.wait(5)
 
 
-def test_a_read_only_transaction_that_a_batch_overtook_is_validated(engine):
+def test_a_read_only_transaction_that_a_batch_overtook_is_validated(local_engine):
+    engine = local_engine
     engine.write({b"a": b"1", b"b": b"1"})
     unchanged = engine.transaction()
     changed = engine.transaction()
@@ -98,25 +117,40 @@ def test_a_read_only_transaction_that_a_batch_overtook_is_validated(engine):
         changed.commit()
 
 
-def test_a_writer_is_validated_against_the_store_only_after_another_batch(engine):
-    """Reads still current (no batch since they began) are not read again at commit."""
+def test_a_transaction_reads_one_state_of_the_store(engine):
+    """A write landing between two reads of a transaction is not half seen."""
     engine.write({b"a": b"1", b"b": b"1"})
+    txn = engine.transaction()
+    assert txn.get(b"a") == b"1"
+    engine.write({b"a": b"2", b"b": b"2"})
+    second = txn.get(b"b")
+    if second == b"1":
+        txn.commit()  # a snapshot (etcd): both reads of one state, nothing to validate
+    else:
+        with pytest.raises(kv.Conflict):  # read through (local engines): validated
+            txn.commit()
+    assert txn.get(b"a") == b"1"  # a key is read once per transaction
+
+
+def test_a_writer_is_validated_against_the_store_only_after_another_batch(local_engine):
+    """Reads still current (no batch since they began) are not read again at commit."""
+    local_engine.write({b"a": b"1", b"b": b"1"})
     gets = []
-    read = engine.get
-    engine.get = lambda key: gets.append(key) or read(key)
-    quiet = engine.transaction()
+    read = local_engine.get
+    local_engine.get = lambda key: gets.append(key) or read(key)
+    quiet = local_engine.transaction()
     assert quiet.get(b"a") == b"1"
     quiet.put(b"c", b"1")
     quiet.commit()
     assert gets == [b"a"]
     gets.clear()
-    overtaken = engine.transaction()
+    overtaken = local_engine.transaction()
     assert overtaken.get(b"a") == b"1"
     overtaken.put(b"d", b"1")
-    engine.write({b"b": b"2"})
+    local_engine.write({b"b": b"2"})
     overtaken.commit()  # validated against the store, and what it read holds
     assert gets == [b"a", b"a"]
-    assert engine.get(b"c") == engine.get(b"d") == b"1"
+    assert local_engine.get(b"c") == local_engine.get(b"d") == b"1"
 
 
 def test_a_transaction_begun_while_a_batch_is_applied_is_validated():

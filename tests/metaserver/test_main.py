@@ -502,6 +502,9 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
                 stop.set()
             return 0
 
+        def purge_detached(self):
+            return 0
+
     loop = threading.Thread(
         target=meta_main._sweep_loop, args=(GCQueue(), Namespace(), stop, 0.01, 1.0)
     )

@@ -235,7 +235,7 @@ def test_renewal_racing_with_expiry_of_the_same_session_makes_the_expiry_retry(n
     # an expiry that read the session and found its lease run out, not yet committed
     txn = ns.engine.transaction()
     op = OpContext(txn, Credentials(0, 0, frozenset()), ns._env, clock())
-    assert sessions.expire(op, *ref, lambda: ns._leases.lapsed(*ref)) is not None
+    assert sessions.expire(op, *ref, lambda s: ns._leases.lapsed(*ref)) is not None
     assert renew(ns, ref) == set()
     with pytest.raises(Conflict):
         txn.commit()
