@@ -3,8 +3,9 @@
 :class:`LocalCluster` starts one ``emberfs metaserver`` and N ``emberfs
 storageserver`` processes on 127.0.0.1, each as its own command so ``ps``
 shows every role, waits until every target serves, and can stop, kill
-(SIGKILL) and restart any of them. ``emberfs up`` and the test suite's cluster
-fixtures both use it.
+(SIGKILL) and restart any of them. With ``kv="etcd"`` it also starts an etcd
+cluster (:class:`LocalEtcd`) and runs ``metaservers`` metaservers on it.
+``emberfs up`` and the test suite's cluster fixtures both use it.
 """
 
 from __future__ import annotations
@@ -314,6 +315,14 @@ class LocalCluster:
     heartbeat_timeout : float, default 5.0
     extra_meta_args, extra_storage_args : list[str]
         Passed through to the commands.
+    kv : str, default "rocksdb"
+        The metadata store: ``rocksdb`` (in ``data_dir/meta``), ``etcd`` (a
+        local etcd of ``etcd_members`` members under ``data_dir/etcd``, started
+        and stopped with the cluster), or an ``etcd://`` URL of a running one.
+    metaservers : int, default 1
+        Metaservers on the store (more than one needs etcd). The first listens
+        on ``meta_port`` and ``admin_port``; clients and storage servers are
+        given all of them.
     insecure : bool, default False
         Run without authentication. Otherwise every server gets the key file
         ``data_dir/cluster.key`` (made on first start) and the metaserver
@@ -346,8 +355,15 @@ class LocalCluster:
     insecure: bool = False
     admin_token: str | None = None
     tls: grpcauth.TLSFiles | None = None
+    kv: str = "rocksdb"
+    metaservers: int = 1
+    etcd_members: int = 1
 
     def __post_init__(self) -> None:
+        if self.metaservers < 1:
+            raise ValueError("a cluster needs a metaserver")
+        if self.metaservers > 1 and self.kv == "rocksdb":
+            raise ValueError("several metaservers need a shared store (kv='etcd')")
         self.data_dir = Path(self.data_dir)
         self.keys: ClusterKeys | None = None
         security: list[str] = ["--insecure"]
@@ -364,6 +380,22 @@ class LocalCluster:
         taken.add(self.meta_port)
         self.admin_port = self.admin_port or free_port(self.host, avoid=taken)
         taken.add(self.admin_port)
+        self.meta_ports = [self.meta_port]
+        self.admin_ports = [self.admin_port]
+        for _ in range(self.metaservers - 1):
+            for ports in (self.meta_ports, self.admin_ports):
+                ports.append(free_port(self.host, avoid=taken))
+                taken.add(ports[-1])
+        self.etcd: LocalEtcd | None = None
+        if self.kv == "etcd":
+            self.etcd = LocalEtcd(self.data_dir / "etcd", members=self.etcd_members, host=self.host)
+            store = ["--kv", self.etcd.url("emberfs")]
+        elif self.kv.startswith("etcd://"):
+            store = ["--kv", self.kv]
+        elif self.kv == "rocksdb":
+            store = ["--data-dir", str(self.data_dir / "meta")]
+        else:
+            raise ValueError(f"unknown metadata store {self.kv!r}")
         if self.storage_ports is None:
             self.storage_ports = []
             for _ in range(self.storage_servers):
@@ -372,27 +404,32 @@ class LocalCluster:
                 self.storage_ports.append(port)
         cmd = emberfs_command()
         logs = self.data_dir / "logs"
-        self.meta = Service(
-            "metaserver",
-            cmd
-            + [
-                "metaserver",
-                "--data-dir",
-                str(self.data_dir / "meta"),
-                "--listen",
-                self.meta_address,
-                "--admin-listen",
-                self.admin_address,
-                "--replicas",
-                str(self.replicas),
-                "--heartbeat-timeout",
-                str(self.heartbeat_timeout),
-            ]
-            + security
-            + self.extra_meta_args,
-            logs / "metaserver.log",
-            "READY metaserver",
-        )
+        self.metas = [
+            Service(
+                "metaserver" if i == 0 else f"metaserver-{i}",
+                cmd
+                + ["metaserver"]
+                + store
+                + [
+                    "--listen",
+                    f"{self.host}:{meta_port}",
+                    "--admin-listen",
+                    f"{self.host}:{admin_port}",
+                    "--replicas",
+                    str(self.replicas),
+                    "--heartbeat-timeout",
+                    str(self.heartbeat_timeout),
+                ]
+                + security
+                + self.extra_meta_args,
+                logs / ("metaserver.log" if i == 0 else f"metaserver-{i}.log"),
+                "READY metaserver",
+            )
+            for i, (meta_port, admin_port) in enumerate(
+                zip(self.meta_ports, self.admin_ports, strict=True)
+            )
+        ]
+        self.meta = self.metas[0]
         self.storage = [
             Service(
                 f"storage-{i}",
@@ -402,7 +439,7 @@ class LocalCluster:
                     "--data-dir",
                     str(self.data_dir / f"storage-{i}"),
                     "--meta",
-                    self.meta_address,
+                    self.meta_addresses,
                     "--listen",
                     f"{self.host}:{port}",
                     "--grpc-listen",
@@ -449,8 +486,39 @@ class LocalCluster:
         return f"{self.host}:{self.meta_port}"
 
     @property
+    def meta_addresses(self) -> str:
+        """Every metaserver's address, comma-separated (what clients and storage servers get)."""
+        return ",".join(f"{self.host}:{port}" for port in self.meta_ports)
+
+    @property
     def admin_address(self) -> str:
         return f"{self.host}:{self.admin_port}"
+
+    def admin_url_of(self, i: int) -> str:
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.admin_ports[i]}"
+
+    def leader(self, timeout: float = 30.0) -> int:
+        """The index of the metaserver that leads (asked of each one's admin API)."""
+        import json
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, service in enumerate(self.metas):
+                if not service.running:
+                    continue
+                try:
+                    with urllib.request.urlopen(
+                        self.admin_url_of(i) + "/api/v1/leader", timeout=2
+                    ) as answer:
+                        if json.load(answer)["leading"]:
+                            return i
+                except OSError:
+                    continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no metaserver leads after {timeout:.0f} s")
+            time.sleep(0.1)
 
     @property
     def admin_url(self) -> str:
@@ -491,25 +559,33 @@ class LocalCluster:
             raise
         return self
 
-    def start_meta(self, timeout: float = 60.0) -> None:
-        self.meta.start(self.child_env())
-        self.meta.wait_ready(timeout)
+    def start_meta(self, timeout: float = 60.0, i: int | None = None) -> None:
+        """Start the metaservers (or metaserver ``i`` alone), and etcd first if it is ours."""
+        if self.etcd is not None and i is None and not any(s.running for s in self.etcd.services):
+            self.etcd.start(timeout)
+        for service in self.metas if i is None else [self.metas[i]]:
+            service.start(self.child_env())
+        for service in self.metas if i is None else [self.metas[i]]:
+            service.wait_ready(timeout)
 
     def start_storage(self, i: int, timeout: float = 60.0) -> None:
         self.storage[i].start(self.child_env())
         self.storage[i].wait_ready(timeout)
 
     def stop(self) -> None:
-        """Stop storage servers first, then the metaserver (SIGTERM, then SIGKILL)."""
+        """Stop storage servers first, then the metaservers and etcd (SIGTERM, then SIGKILL)."""
         for s in self.storage:
             s.stop()
-        self.meta.stop()
+        for s in self.metas:
+            s.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
 
     def kill_storage(self, i: int) -> None:
         self.storage[i].kill()
 
-    def kill_meta(self) -> None:
-        self.meta.kill()
+    def kill_meta(self, i: int = 0) -> None:
+        self.metas[i].kill()
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -519,9 +595,17 @@ class LocalCluster:
 
     # cluster state -------------------------------------------------------------
     def routing(self, timeout: float = 5.0) -> common_pb2.RoutingInfo:
-        with self.channel() as channel:
-            stub = cluster_pb2_grpc.ClusterServiceStub(channel)
-            return stub.GetRouting(cluster_pb2.GetRoutingRequest(), timeout=timeout).routing
+        """The routing info, from the first metaserver that runs and answers."""
+        running = [i for i, s in enumerate(self.metas) if s.running] or [0]
+        for n, i in enumerate(running):
+            with self.channel(f"{self.host}:{self.meta_ports[i]}") as channel:
+                stub = cluster_pb2_grpc.ClusterServiceStub(channel)
+                try:
+                    return stub.GetRouting(cluster_pb2.GetRoutingRequest(), timeout=timeout).routing
+                except grpc.RpcError:
+                    if n == len(running) - 1:
+                        raise
+        raise AssertionError("unreachable")
 
     def expected_chains(self) -> int:
         return (len(self.storage) * self.targets_per_server) // self.replicas

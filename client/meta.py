@@ -1,12 +1,19 @@
 """The client's control plane: gRPC stubs for the metaserver and request contexts.
 
-:class:`MetaClient` owns one gRPC channel to the metaserver (``MetaService``
+:class:`MetaClient` owns a gRPC channel to the metaserver (``MetaService``
 and ``ClusterService`` share it). The channel is created lazily and belongs to
 the process that created it: after ``os.fork`` the child builds its own
 (gRPC channels are not fork-safe) and gets a fresh client id, so request ids
 of parent and child never collide in the metaserver's idempotency table.
 Every call goes through :func:`emberfs.client.retry.retry` and carries the
 request ids of :class:`~emberfs.client.retry.RequestIds`.
+
+Given several metaservers (``h1:p1,h2:p2``: metaservers sharing one etcd
+store), the client talks to one and moves to the next when a call to it fails
+in a way that another may not (it is gone, does not answer in time, or cannot
+reach the store). The retry keeps its request id, and the idempotency records
+live in the shared store, so a mutating call retried on another metaserver is
+applied once.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from emberfs.client import config
 from emberfs.client.capabilities import Capabilities
 from emberfs.client.retry import RequestIds, retry
 from emberfs.common import errors, grpcauth
+from emberfs.common.addresses import split_addresses
 from emberfs.common.grpcauth import TLSFiles
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc, common_pb2, meta_pb2, meta_pb2_grpc
 
@@ -40,7 +48,8 @@ class MetaClient:
     Parameters
     ----------
     address : str
-        ``host:port`` of the metaserver.
+        ``host:port`` of the metaserver, or several, comma-separated
+        (metaservers of one shared store, tried in turn).
     timeout : float, default 30.0
         Deadline of each call in seconds.
     retry_timeout : float, default 30.0
@@ -69,7 +78,8 @@ class MetaClient:
         token: str | None = None,
         tls_ca: str | None = None,
     ) -> None:
-        self.address = address
+        self.addresses = split_addresses(address)
+        self._current = 0  # the metaserver calls go to
         self.token = token if token is not None else config.default_token()
         # sent with every call (as call metadata: a channel interceptor costs every call more)
         self._metadata = grpcauth.token_metadata(self.token)
@@ -80,52 +90,75 @@ class MetaClient:
         self.ids = ids or RequestIds()
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._channel: grpc.Channel | None = None
-        self._meta: meta_pb2_grpc.MetaServiceStub | None = None
-        self._cluster: cluster_pb2_grpc.ClusterServiceStub | None = None
+        self._channels: dict[int, grpc.Channel] = {}
+        self._stub_pairs: dict[
+            int, tuple[meta_pb2_grpc.MetaServiceStub, cluster_pb2_grpc.ClusterServiceStub]
+        ] = {}
         self._uid = os.getuid()
         self._gid = os.getgid()
         self._groups = [g for g in os.getgroups() if g != self._gid]
 
     # channel -----------------------------------------------------------------
-    def _stubs(self) -> tuple[meta_pb2_grpc.MetaServiceStub, cluster_pb2_grpc.ClusterServiceStub]:
+    @property
+    def address(self) -> str:
+        """The metaserver calls go to now."""
+        return self.addresses[self._current]
+
+    def _stubs(
+        self, index: int | None = None
+    ) -> tuple[meta_pb2_grpc.MetaServiceStub, cluster_pb2_grpc.ClusterServiceStub]:
         if self._pid != os.getpid():
             raise RuntimeError("a MetaClient cannot be used across fork; make a new one")
-        meta, cluster = self._meta, self._cluster
-        if meta is not None and cluster is not None:
-            return meta, cluster
+        index = self._current if index is None else index
+        pair = self._stub_pairs.get(index)
+        if pair is not None:
+            return pair
         with self._lock:
-            if self._channel is None:
-                self._channel = grpcauth.channel(
-                    self.address,
+            if index not in self._stub_pairs:
+                channel = grpcauth.channel(
+                    self.addresses[index],
                     tls=self.tls,
                     options=[
                         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                         ("grpc.enable_retries", 0),
+                        # a metaserver that comes back is reached again within a second
+                        ("grpc.initial_reconnect_backoff_ms", 100),
+                        ("grpc.min_reconnect_backoff_ms", 100),
+                        ("grpc.max_reconnect_backoff_ms", 1000),
                     ],
                 )
-                self._meta = meta_pb2_grpc.MetaServiceStub(self._channel)
-                self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
-            return self._meta, self._cluster
+                self._channels[index] = channel
+                self._stub_pairs[index] = (
+                    meta_pb2_grpc.MetaServiceStub(channel),
+                    cluster_pb2_grpc.ClusterServiceStub(channel),
+                )
+            return self._stub_pairs[index]
+
+    def _fail_over(self, failed: int) -> None:
+        """Calls to metaserver ``failed`` fail: send them to the next one (if any)."""
+        if len(self.addresses) > 1:
+            with self._lock:
+                if self._current == failed:
+                    self._current = (failed + 1) % len(self.addresses)
 
     def close(self) -> None:
-        """Close the channel (in the process that created it)."""
+        """Close the channels (in the process that created them)."""
         with self._lock:
-            channel, self._channel = self._channel, None
-            self._meta = self._cluster = None
-        if channel is None:
-            return
-        if self._pid == os.getpid():
-            channel.close()
-        else:
-            _INHERITED.append(channel)
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stub_pairs.clear()
+        for channel in channels:
+            if self._pid == os.getpid():
+                channel.close()
+            else:
+                _INHERITED.append(channel)
 
     def abandon(self) -> None:
-        """Drop the channel without closing it (used in a forked child)."""
+        """Drop the channels without closing them (used in a forked child)."""
         with self._lock:
-            if self._channel is not None:
-                _INHERITED.append(self._channel)
-            self._channel = self._meta = self._cluster = None
+            _INHERITED.extend(self._channels.values())
+            self._channels.clear()
+            self._stub_pairs.clear()
 
     # calls -------------------------------------------------------------------
     def context(self, ids: int = 1) -> common_pb2.RequestContext:
@@ -141,12 +174,17 @@ class MetaClient:
     def _call(self, service: str, method: str, request, path: str | None = None):
         """Call ``method`` with retries; failures become builtin OSError subclasses."""
 
+        tried = [self._current]
+
         def once():
-            stub = self._stubs()[0 if service == "meta" else 1]
+            tried[0] = index = self._current
+            stub = self._stubs(index)[0 if service == "meta" else 1]
             return getattr(stub, method)(request, timeout=self.timeout, metadata=self._metadata)
 
         try:
-            return retry(once, timeout=self.retry_timeout)
+            return retry(
+                once, timeout=self.retry_timeout, on_retry=lambda exc: self._fail_over(tried[0])
+            )
         except grpc.RpcError as exc:
             raise errors.from_grpc(exc, path) from None
 

@@ -25,3 +25,21 @@ def split_address(address: str) -> tuple[str, int]:
 def join_address(host: str, port: int) -> str:
     """``host:port``, with brackets around an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_addresses(text: str) -> list[str]:
+    """The ``host:port`` addresses of a comma-separated list (``h1:p1,h2:p2``), in order.
+
+    Raises
+    ------
+    ValueError
+        When the list is empty or an address is not ``HOST:PORT``.
+    """
+    out = [a.strip() for a in text.split(",") if a.strip()]
+    if not out:
+        raise ValueError(f"invalid address list {text!r}: expected HOST:PORT[,HOST:PORT...]")
+    for address in out:
+        _, port = split_address(address)
+        if not port:
+            raise ValueError(f"invalid address {address!r}: port 0")
+    return out

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from emberfs.common.addresses import split_address
+from emberfs.common.addresses import split_address, split_addresses
 from emberfs.common.auth import add_secret_arguments, keys_from_args, tls_from_args
 from emberfs.common.units import parse_size
 from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES
@@ -30,7 +30,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Run one storage server: chunk targets, CRAQ replication, data protocol.",
     )
     p.add_argument("--data-dir", required=True, help="directory of the node's targets")
-    p.add_argument("--meta", required=True, help="metaserver HOST:PORT")
+    p.add_argument(
+        "--meta",
+        required=True,
+        help="metaserver HOST:PORT, or several comma-separated (metaservers of one etcd store)",
+    )
     p.add_argument("--listen", required=True, help="data protocol HOST:PORT (port 0: any)")
     p.add_argument(
         "--grpc-listen", help="StorageService HOST:PORT (default: listen host, data port + 1)"
@@ -125,7 +129,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--frame-timeout must be positive")
     if args.max_connections < 2 or not 0 <= args.forward_reserve < args.max_connections:
         p.error("--max-connections must be at least 2 and above --forward-reserve (>= 0)")
-    for opt in ("meta", "listen", "grpc_listen", "advertise", "metrics_listen"):
+    try:
+        split_addresses(args.meta)
+    except ValueError as exc:
+        p.error(f"--meta: {exc}")
+    for opt in ("listen", "grpc_listen", "advertise", "metrics_listen"):
         value = getattr(args, opt)
         if value is None or (opt == "metrics_listen" and value == "off"):
             continue

@@ -15,7 +15,11 @@ A node owns ``--targets`` targets, ``DATA_DIR/target-<k>`` for k = 1..N, each a
   address the metaserver names in its answers (``ClusterService`` on worker
   threads that metadata calls never occupy) once a connection to it is up,
   else to ``meta_address``; a heartbeat that fails there is sent again to
-  ``meta_address`` at once;
+  ``meta_address`` at once. With several metaservers (``--meta h1:p1,h2:p2``:
+  one etcd store), node calls go to the one that leads: a metaserver that does
+  not answers :class:`~emberfs.common.errors.NotLeader` naming the leader, and
+  the node moves there; one that does not answer at all is left for the next
+  in the list;
 - runs a background loop that drains the garbage-collection queue and, for
   each local SERVING target whose successor is SYNCING, copies the chunks the
   successor lacks (one resync per chain at a time) and reports ``SyncDone``.
@@ -35,8 +39,8 @@ from typing import NamedTuple
 
 import grpc
 
-from emberfs.common import grpcauth
-from emberfs.common.addresses import join_address, split_address
+from emberfs.common import errors, grpcauth
+from emberfs.common.addresses import join_address, split_address, split_addresses
 from emberfs.common.auth import ClusterKeys
 from emberfs.common.grpcauth import AuthInterceptor
 from emberfs.common.routing import SERVING, RoutingView
@@ -100,7 +104,8 @@ class Node:
     data_dir : Path
         Root of the node's state (created if missing).
     meta_address : str
-        ``HOST:PORT`` of the metaserver's ``ClusterService``.
+        ``HOST:PORT`` of the metaserver's ``ClusterService``, or several,
+        comma-separated (the metaservers of one shared store).
     listen : str
         ``HOST:PORT`` of the data protocol (port 0: any free port).
     grpc_listen : str, optional
@@ -168,7 +173,8 @@ class Node:
         if not 1 <= targets <= MAX_TARGETS:
             raise ValueError(f"targets must be between 1 and {MAX_TARGETS}")
         self.data_dir = Path(data_dir)
-        self.meta_address = meta_address
+        self.meta_addresses = split_addresses(meta_address)
+        self.meta_address = self.meta_addresses[0]  # the metaserver node calls go to now
         self.listen = split_address(listen)
         self.grpc_listen = split_address(grpc_listen) if grpc_listen else None
         self.advertise = split_address(advertise) if advertise else None
@@ -485,6 +491,37 @@ class Node:
             return lane.stub
         return self._cluster
 
+    def _follow(self, exc: grpc.RpcError) -> bool:
+        """A call to :attr:`meta_address` failed: move to the leader it named, or to the
+        next metaserver when it named none or did not answer; whether the node moved."""
+        leader = errors.leader_of(exc)
+        if leader:
+            target = leader
+            if target not in self.meta_addresses:
+                self.meta_addresses.append(target)
+        elif len(self.meta_addresses) > 1:
+            i = self.meta_addresses.index(self.meta_address)
+            target = self.meta_addresses[(i + 1) % len(self.meta_addresses)]
+        else:
+            return False
+        if target == self.meta_address:
+            return False
+        log.warning(
+            "metaserver %s %s; node calls go to %s",
+            self.meta_address,
+            "does not lead" if leader is not None else f"failed ({exc.code().name})",
+            target,
+        )
+        self._set_cluster_address("")
+        old, self.meta_address = self._channel, target
+        self._channel = grpcauth.channel(target, keys=self.keys, tls=self.tls)
+        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+        if old is not None:
+            retired, self._retired = self._retired, _Lane(target, old, None, None)
+            if retired is not None:
+                retired.channel.close()
+        return True
+
     def _register_until_done(self) -> bool:
         delay = 0.1
         while not self._stop.is_set():
@@ -493,6 +530,9 @@ class Node:
                 return True
             except grpc.RpcError as exc:
                 log.warning("registration with %s failed: %s", self.meta_address, exc.details())
+                if self._follow(exc):
+                    delay = 0.1
+                    continue
             except Exception:
                 log.exception("registration with %s failed", self.meta_address)
             self._stop.wait(delay)
@@ -531,12 +571,23 @@ class Node:
         if self.scrubber is not None and resp.HasField("scrub"):
             self.scrubber.control(resp.scrub.paused, resp.scrub.start)
 
+    def _heartbeat_following(self) -> None:
+        """A heartbeat, sent on at once to the leader (or the next metaserver) where refused."""
+        for _ in range(len(self.meta_addresses) + 1):
+            try:
+                self.heartbeat_once()
+                return
+            except grpc.RpcError as exc:
+                if not self._follow(exc):
+                    raise
+        self.heartbeat_once()
+
     def _heartbeat_loop(self) -> None:
         failing = False
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.heartbeat_once()
+                self._heartbeat_following()
                 if failing:
                     log.warning("heartbeats reach the metaserver again")
                 failing = False
