@@ -24,8 +24,9 @@ so a listing is one paged range read.
 etcd bounds a transaction (``--max-txn-ops``, 128 by default, counted for the
 compares and the writes separately; ``--max-request-bytes``, 1.5 MiB): a
 transaction that would exceed either raises
-:class:`~emberfs.metaserver.kv.TransactionTooLarge` as soon as it does,
-before anything is sent. The URL's ``max_txn_ops`` parameter tells the engine
+:class:`~emberfs.metaserver.kv.TransactionTooLarge` before anything is sent,
+at its 129th write or, for its reads, at the commit (one that only reads
+commits nothing and is not bounded). The URL's ``max_txn_ops`` parameter tells the engine
 a cluster's own limit (``etcd://h:2379/?max_txn_ops=1024``).
 
 Failures: a call goes to one endpoint and moves to the next when that one is
@@ -473,9 +474,29 @@ class EtcdEngine(KVEngine):
         sync: bool = True,
         *,
         version: int | None = None,
+        mods: dict[bytes, int] | None = None,
     ) -> None:
-        if not self.txn(self.value_compares(reads), puts, set(deletes) - set(puts)):
+        """Apply the writes if each key read still holds what was read (:class:`Conflict` if not).
+
+        ``mods`` (a transaction's read set): each key's ``mod_revision`` when it
+        was read, compared instead of the values of ``reads``.
+        """
+        compares = self.value_compares(reads) if mods is None else self.mod_compares(mods)
+        if not self.txn(compares, puts, set(deletes) - set(puts)):
             raise Conflict(next(iter(reads), b""))
+
+    def mod_compares(self, mods: dict[bytes, int]) -> list:
+        """Compares that hold while no key of ``mods`` changed since its ``mod_revision``."""
+        rpc, _ = _rpc()
+        return [
+            rpc.Compare(
+                key=self.full_key(key),
+                target=rpc.Compare.MOD,
+                result=rpc.Compare.EQUAL,
+                mod_revision=mod,
+            )
+            for key, mod in mods.items()
+        ]
 
     def status(self) -> list[dict]:
         """Each endpoint's member status: ``endpoint``, ``db_size``, ``leader``, ``version``
@@ -526,9 +547,7 @@ class EtcdTransaction(Transaction):
         self.mods = dict(mods)
 
     def _read(self, key: bytes) -> bytes | None:
-        if len(self.reads) >= self.engine.max_txn_ops:
-            # one more compare than etcd takes: stop reading now, not at the commit
-            self.engine.check_size(len(self.reads) + 1, 0)
+        # (no bound here: a transaction that only reads commits nothing, however much it read)
         value, mod, revision = self.engine.read(key, self.revision)
         self.revision = self.revision or revision
         self.mods[key] = mod
@@ -563,18 +582,7 @@ class EtcdTransaction(Transaction):
         """Apply the writes if no key read changed since (:class:`Conflict` otherwise)."""
         if not self.puts and not self.deletes:
             return  # every read was made at one revision
-        rpc, _ = _rpc()
-        compares = [
-            rpc.Compare(
-                key=self.engine.full_key(key),
-                target=rpc.Compare.MOD,
-                result=rpc.Compare.EQUAL,
-                mod_revision=mod,
-            )
-            for key, mod in self.mods.items()
-        ]
-        if not self.engine.txn(compares, self.puts, self.deletes):
-            raise Conflict(b"")
+        self.engine.commit(self.reads, self.puts, self.deletes, mods=self.mods)
 
 
 COMPACT_INTERVAL = 300.0  # seconds between two compactions (each keeps the last interval's history)

@@ -27,8 +27,8 @@ def clock():
 
 
 @pytest.fixture
-def engine():
-    return MemoryEngine()
+def engine(store):
+    return store()
 
 
 def manager(engine, clock, replicas=3) -> ClusterManager:

@@ -7,15 +7,14 @@ from concurrent import futures
 import pytest
 
 from emberfs.metaserver import keys
-from emberfs.metaserver.kv import MemoryEngine
 from emberfs.metaserver.namespace import Namespace
 from emberfs.proto import common_pb2, meta_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_parallel_creates_renames_and_removes():
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3])
+def test_parallel_creates_renames_and_removes(store):
+    ns = Namespace(store(), chain_table=lambda: [1, 2, 3])
     ns.mkdir(meta_pb2.MkdirRequest(path="/d"))
     ns.mkdir(meta_pb2.MkdirRequest(path="/e"))
 

@@ -28,8 +28,8 @@ def clock():
 
 
 @pytest.fixture
-def ns(clock):
-    return Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3], clock=clock)
+def ns(store, clock):
+    return Namespace(store(), chain_table=lambda: [1, 2, 3], clock=clock)
 
 
 def ctx(request_id, client="client-a"):
@@ -334,7 +334,7 @@ def test_batch_remove_retry_applies_once(ns):
     assert ns.stat(meta_pb2.StatRequest(path="/a")).attr.inode
 
 
-def test_a_retry_waits_for_its_first_attempt_still_running(clock):
+def test_a_retry_waits_for_its_first_attempt_still_running(store, clock):
     """A truncating Open retried while its first attempt still cuts the chunks cuts them once.
 
     Run side by side, the first attempt's cut could land on storage after the client, answered
@@ -352,7 +352,7 @@ def test_a_retry_waits_for_its_first_attempt_still_running(clock):
         let_it_finish.wait(10)
 
     ns = Namespace(
-        MemoryEngine(), chain_table=lambda: [1, 2, 3], clock=clock, truncate_chunks=truncate_chunks
+        store(), chain_table=lambda: [1, 2, 3], clock=clock, truncate_chunks=truncate_chunks
     )
     h = ns.open(
         meta_pb2.OpenRequest(

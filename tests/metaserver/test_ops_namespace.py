@@ -16,8 +16,8 @@ FILE, DIRECTORY, SYMLINK = common_pb2.FILE, common_pb2.DIRECTORY, common_pb2.SYM
 
 
 @pytest.fixture
-def ns():
-    return Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3, 4, 5, 6])
+def ns(store):
+    return Namespace(store(), chain_table=lambda: [1, 2, 3, 4, 5, 6])
 
 
 def stat(ns, path, follow=True):
@@ -35,8 +35,8 @@ def test_root_exists_open_to_all(ns):
     assert ns.counts()["directories"] == 1
 
 
-def test_root_survives_restart_and_ids_are_never_reused():
-    engine = MemoryEngine()
+def test_root_survives_restart_and_ids_are_never_reused(store):
+    engine = store()
     ns = Namespace(engine, chain_table=lambda: [1])
     a = ns.create(meta_pb2.CreateRequest(path="/a")).attr.inode
     ns.remove(meta_pb2.RemoveRequest(path="/a"))
@@ -92,8 +92,8 @@ def test_create_exclusive_and_not(ns):
         ns.create(meta_pb2.CreateRequest(path="/f/g"))
 
 
-def test_create_without_chains_is_unavailable():
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [])
+def test_create_without_chains_is_unavailable(store):
+    ns = Namespace(store(), chain_table=lambda: [])
     with pytest.raises(errors.Unavailable, match="no storage chains"):
         ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.mkdir(meta_pb2.MkdirRequest(path="/d"))  # directories need no chains
@@ -297,13 +297,13 @@ def test_hardlinks(ns):
     assert ns.counts()["files"] == 1
 
 
-def test_truncate_shrink_has_storage_cut_once_the_length_is_committed():
+def test_truncate_shrink_has_storage_cut_once_the_length_is_committed(store):
     calls = []
 
     def cut(attr, length, request_id):
         calls.append((attr.inode, attr.size, length))
 
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=cut)
+    ns = Namespace(store(), chain_table=lambda: [1], truncate_chunks=cut)
     f = ns.create(meta_pb2.CreateRequest(path="/f")).attr
     assert ns.truncate(meta_pb2.TruncateRequest(path="/f", length=1000)).attr.size == 1000
     assert calls == []  # growing cuts nothing
@@ -331,14 +331,14 @@ class Storage:
             raise errors.Unavailable("chain down")
 
 
-def test_a_cut_storage_could_not_make_keeps_the_new_length_and_blocks_growth_until_done():
+def test_a_cut_storage_could_not_make_keeps_the_new_length_and_blocks_growth_until_done(store):
     """A shrink commits its length with the cut; the cut is finished before the file may grow.
 
     Without the pending cut, a cut that landed on storage after the metaserver
     stopped waiting left the file its old length over chunks already cut.
     """
     storage = Storage()
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=storage.cut)
+    ns = Namespace(store(), chain_table=lambda: [1], truncate_chunks=storage.cut)
     calls = storage.calls
     ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
@@ -364,9 +364,9 @@ def test_a_cut_storage_could_not_make_keeps_the_new_length_and_blocks_growth_unt
     assert ns.truncate(meta_pb2.TruncateRequest(path="/f", length=50)).attr.size == 50
 
 
-def test_pending_cuts_are_finished_by_the_sweep_and_replaced_by_a_later_shrink():
+def test_pending_cuts_are_finished_by_the_sweep_and_replaced_by_a_later_shrink(store):
     storage = Storage()
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=storage.cut)
+    ns = Namespace(store(), chain_table=lambda: [1], truncate_chunks=storage.cut)
     calls = storage.calls
     ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
@@ -385,8 +385,8 @@ def test_pending_cuts_are_finished_by_the_sweep_and_replaced_by_a_later_shrink()
     assert ns.cuts.pending() == []
 
 
-def test_a_removed_file_takes_its_pending_cut_with_it():
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], truncate_chunks=Storage().cut)
+def test_a_removed_file_takes_its_pending_cut_with_it(store):
+    ns = Namespace(store(), chain_table=lambda: [1], truncate_chunks=Storage().cut)
     ns.create(meta_pb2.CreateRequest(path="/f"))
     ns.truncate(meta_pb2.TruncateRequest(path="/f", length=100))
     with pytest.raises(errors.Unavailable):
@@ -396,8 +396,8 @@ def test_a_removed_file_takes_its_pending_cut_with_it():
     assert ns.cuts.pending() == []
 
 
-def test_setattr_and_statfs():
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1], usage=lambda: (1000, 300))
+def test_setattr_and_statfs(store):
+    ns = Namespace(store(), chain_table=lambda: [1], usage=lambda: (1000, 300))
     ns.create(meta_pb2.CreateRequest(path="/f", mode=0o644))
     attr = ns.setattr(
         meta_pb2.SetAttrRequest(path="/f", mode=0o100600, uid=7, gid=8, mtime_ns=12345)
@@ -413,10 +413,10 @@ def test_setattr_and_statfs():
     assert (fs.inodes, fs.files, fs.directories) == (3, 1, 2)
 
 
-def test_layouts_inherit_and_validate():
+def test_layouts_inherit_and_validate(store):
     table = [10, 11, 12, 13, 14, 15, 16, 17]
     ns = Namespace(
-        MemoryEngine(),
+        store(),
         chain_table=lambda: table,
         default_layout=common_pb2.Layout(chunk_size=1 << 20, stripe=2),
     )
@@ -477,8 +477,8 @@ def test_layouts_inherit_and_validate():
     assert not ns.symlink(meta_pb2.SymlinkRequest(path="/s", target="/f")).attr.layout.chains
 
 
-def test_stripe_capped_at_chain_count():
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [7, 8])
+def test_stripe_capped_at_chain_count(store):
+    ns = Namespace(store(), chain_table=lambda: [7, 8])
     lay = ns.create(meta_pb2.CreateRequest(path="/f")).attr.layout
     assert lay.stripe == 2 and sorted(lay.chains) == [7, 8]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver.kv import MemoryEngine
 from emberfs.metaserver.namespace import Namespace
 from emberfs.proto import common_pb2, meta_pb2
 
@@ -16,8 +15,8 @@ BOB_IN_ALICES_GROUP = common_pb2.RequestContext(uid=1001, gid=1001, groups=[1000
 
 
 @pytest.fixture
-def ns():
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3])
+def ns(store):
+    ns = Namespace(store(), chain_table=lambda: [1, 2, 3])
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ALICE, path="/home", mode=0o755))
     ns.create(meta_pb2.CreateRequest(ctx=ALICE, path="/home/notes", mode=0o640))
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ALICE, path="/private", mode=0o700))

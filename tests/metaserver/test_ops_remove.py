@@ -6,7 +6,6 @@ import pytest
 
 from emberfs.common import errors
 from emberfs.metaserver import keys
-from emberfs.metaserver.kv import MemoryEngine
 from emberfs.metaserver.namespace import Namespace
 from emberfs.proto import cluster_pb2, common_pb2, meta_pb2
 
@@ -33,8 +32,8 @@ def cuts():
 
 
 @pytest.fixture
-def ns(cuts):
-    return Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3, 4, 5], truncate_chunks=cuts)
+def ns(store, cuts):
+    return Namespace(store(), chain_table=lambda: [1, 2, 3, 4, 5], truncate_chunks=cuts)
 
 
 def gc_items(ns):

@@ -6,14 +6,13 @@ import pytest
 
 from emberfs.common import errors
 from emberfs.metaserver import keys
-from emberfs.metaserver.kv import MemoryEngine
 from emberfs.metaserver.namespace import Namespace
 from emberfs.proto import cluster_pb2, meta_pb2
 
 
 @pytest.fixture
-def ns():
-    ns = Namespace(MemoryEngine(), chain_table=lambda: [1, 2, 3])
+def ns(store):
+    ns = Namespace(store(), chain_table=lambda: [1, 2, 3])
     ns.mkdir(meta_pb2.MkdirRequest(path="/a/b/c", parents=True))
     ns.mkdir(meta_pb2.MkdirRequest(path="/empty"))
     ns.mkdir(meta_pb2.MkdirRequest(path="/full"))

@@ -7,7 +7,7 @@ import pytest
 from emberfs.common.errors import InvalidArgument, NotFound
 from emberfs.metaserver import keys
 from emberfs.metaserver.grace import Grace
-from emberfs.metaserver.kv import Conflict, MemoryEngine
+from emberfs.metaserver.kv import Conflict
 from emberfs.metaserver.namespace import Namespace
 from emberfs.metaserver.opcontext import Credentials, OpContext
 from emberfs.metaserver.ops import sessions
@@ -41,9 +41,9 @@ def clock():
     return Clock()
 
 
-def make_ns(clock, engine=None, grace=None) -> Namespace:
+def make_ns(store, clock, engine=None, grace=None) -> Namespace:
     return Namespace(
-        engine if engine is not None else MemoryEngine(),
+        engine if engine is not None else store(),
         chain_table=lambda: [1, 2, 3],
         clock=clock,
         session_timeout=TIMEOUT,
@@ -52,8 +52,8 @@ def make_ns(clock, engine=None, grace=None) -> Namespace:
 
 
 @pytest.fixture
-def ns(clock):
-    return make_ns(clock)
+def ns(store, clock):
+    return make_ns(store, clock)
 
 
 def open_write(ns, path: str) -> meta_pb2.OpenResponse:
@@ -244,9 +244,9 @@ def test_renewal_racing_with_expiry_of_the_same_session_makes_the_expiry_retry(n
     assert session_ids(ns) == {ref}
 
 
-def test_leases_are_judged_on_the_monotonic_clock_not_the_stored_wall_clock(clock):
+def test_leases_are_judged_on_the_monotonic_clock_not_the_stored_wall_clock(store, clock):
     wall = Clock()  # the wall clock jumps, the monotonic one does not
-    ns = make_ns(wall, grace=Grace(clock=clock.seconds))
+    ns = make_ns(store, wall, grace=Grace(clock=clock.seconds))
     resp = open_write(ns, "/f")
     ref = (resp.attr.inode, resp.session_id)
     wall.advance(10 * TIMEOUT)
@@ -257,9 +257,9 @@ def test_leases_are_judged_on_the_monotonic_clock_not_the_stored_wall_clock(cloc
     assert [(s.inode, s.session_id) for s in ns.expire_sessions()] == [ref]
 
 
-def test_stored_sessions_get_a_full_timeout_after_a_restart(clock):
-    engine = MemoryEngine()
-    first = make_ns(clock, engine)
+def test_stored_sessions_get_a_full_timeout_after_a_restart(store, clock):
+    engine = store()
+    first = make_ns(store, clock, engine)
     renewed = open_write(first, "/renewed")
     old = open_write(first, "/old")
     clock.advance(TIMEOUT - 1)
@@ -267,7 +267,7 @@ def test_stored_sessions_get_a_full_timeout_after_a_restart(clock):
     # the metaserver stops; it starts again after longer than the timeout
     clock.advance(2 * TIMEOUT)
     grace = Grace(clock=clock.seconds)
-    ns = make_ns(clock, engine, grace)
+    ns = make_ns(store, clock, engine, grace)
     clock.advance(1)
     grace.begin()  # it listens from now
     assert ns.expire_sessions() == []
@@ -282,9 +282,9 @@ def test_stored_sessions_get_a_full_timeout_after_a_restart(clock):
     assert session_ids(ns) == {(renewed.attr.inode, renewed.session_id)}
 
 
-def test_sessions_get_a_full_timeout_after_a_stall_of_the_metaserver(clock):
+def test_sessions_get_a_full_timeout_after_a_stall_of_the_metaserver(store, clock):
     grace = Grace(clock=clock.seconds, max_gap=TIMEOUT / 2)
-    ns = make_ns(clock, grace=grace)
+    ns = make_ns(store, clock, grace=grace)
     resp = open_write(ns, "/f")
     ref = (resp.attr.inode, resp.session_id)
     clock.advance(TIMEOUT / 4)
@@ -300,6 +300,6 @@ def test_sessions_get_a_full_timeout_after_a_stall_of_the_metaserver(clock):
     assert grace.stalls == 1
 
 
-def test_session_timeout_must_be_positive():
+def test_session_timeout_must_be_positive(store):
     with pytest.raises(ValueError):
-        Namespace(MemoryEngine(), chain_table=lambda: [1], session_timeout=0)
+        Namespace(store(), chain_table=lambda: [1], session_timeout=0)
