@@ -225,3 +225,77 @@ def test_rename_over_open_file_defers_gc(ns):
     assert gc_items(ns) == {}
     ns.close(meta_pb2.CloseRequest(inode=opened.attr.inode, session_id=opened.session_id))
     assert set(gc_items(ns)) == {opened.attr.inode}
+
+
+def _big_tree(ns, dirs: int, per_dir: int) -> set[int]:
+    """/big with ``dirs`` subdirectories of ``per_dir`` files each; the files' inodes."""
+    files = set()
+    for d in range(dirs):
+        ns.mkdir(meta_pb2.MkdirRequest(path=f"/big/d{d}/e", parents=True))
+        paths = [f"/big/d{d}/f{i}" for i in range(per_dir)] + [f"/big/d{d}/e/g"]
+        resp = ns.batch_write_open(
+            meta_pb2.BatchWriteOpenRequest(paths=paths, flags=W | C, mode=0o644)
+        )
+        for r in resp.results:
+            files.add(r.opened.attr.inode)
+            ns.close(
+                meta_pb2.CloseRequest(
+                    inode=r.opened.attr.inode, session_id=r.opened.session_id, length=0
+                )
+            )
+    return files
+
+
+def test_a_tree_too_large_for_one_transaction_goes_at_once_and_is_deleted_in_slices(ns):
+    """On etcd (128 operations a transaction) a 6 x 41-file tree cannot go in one commit:
+    it is detached at once and deleted slice by slice; in memory it goes in one."""
+    files = _big_tree(ns, dirs=6, per_dir=40)
+    keep = ns.create(meta_pb2.CreateRequest(path="/keep")).attr.inode
+    ns.hardlink(meta_pb2.HardlinkRequest(src="/keep", dst="/big/d0/k"))
+    entries = 1 + 6 * (1 + 1 + 40 + 1) + 1  # big, each d with e, its files and e/g, the link
+    assert rm(ns, "/big", recursive=True) == entries
+    with pytest.raises(errors.NotFound):
+        stat(ns, "/big")
+    assert [e.name for e in ns.list(meta_pb2.ListRequest(path="/")).entries] == ["keep"]
+    ns.purge_detached()  # what the background purge and the leader's sweep do
+    assert ns.detached() == 0
+    assert set(gc_items(ns)) == files
+    assert stat(ns, "/keep").nlink == 1 and keep not in gc_items(ns)
+    assert [k for k, _ in ns.engine.scan_prefix(keys.INODE)] == sorted(
+        [keys.inode_key(1), keys.inode_key(keep)]
+    )
+    counts = ns.counts()
+    assert (counts["inodes"], counts["files"], counts["directories"]) == (2, 1, 1)
+
+
+def test_a_detached_tree_is_finished_by_the_sweep_after_a_crash(etcd_url, cuts):
+    from emberfs.metaserver.etcd import EtcdEngine
+
+    engine = EtcdEngine(etcd_url)  # a store with transaction limits: it detaches trees
+    first = Namespace(engine, chain_table=lambda: [1, 2], truncate_chunks=cuts)
+    files = _big_tree(first, dirs=3, per_dir=60)
+    first._purge_soon = lambda inodes: None  # the metaserver dies before it purges
+    assert rm(first, "/big", recursive=True) == 1 + 3 * 63
+    assert first.detached() == 1
+    again = Namespace(engine, chain_table=lambda: [1, 2], truncate_chunks=cuts)
+    assert again.purge_detached() == 1
+    assert again.detached() == 0
+    assert set(gc_items(again)) == files
+    assert [k for k, _ in engine.scan_prefix(keys.INODE)] == [keys.inode_key(1)]
+    assert again.counts()["inodes"] == 1
+    engine.close()
+
+
+def test_a_detaching_remove_checks_permissions_over_the_whole_tree(store, cuts):
+    ns = Namespace(store(), chain_table=lambda: [1], truncate_chunks=cuts)
+    _big_tree(ns, dirs=3, per_dir=50)
+    ns.setattr(meta_pb2.SetAttrRequest(path="/big", mode=0o777))
+    for d in range(3):
+        ns.setattr(meta_pb2.SetAttrRequest(path=f"/big/d{d}", mode=0o777))
+        ns.setattr(meta_pb2.SetAttrRequest(path=f"/big/d{d}/e", mode=0o777))
+    ns.setattr(meta_pb2.SetAttrRequest(path="/big/d2/e", mode=0o555))
+    user = common_pb2.RequestContext(uid=1000, gid=1000)
+    with pytest.raises(errors.PermissionDenied):
+        ns.remove(meta_pb2.RemoveRequest(ctx=user, path="/big", recursive=True))
+    assert stat(ns, "/big/d2/e/g").type == common_pb2.FILE  # nothing went
+    assert ns.detached() == 0
