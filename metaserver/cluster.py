@@ -34,6 +34,7 @@ routing, chains for new files, capacity).
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import threading
 import time
@@ -51,6 +52,7 @@ from emberfs.metaserver.scrubboard import ScrubBoard
 from emberfs.proto import cluster_pb2, common_pb2
 
 _U64 = struct.Struct(">Q")
+log = logging.getLogger(__name__)
 
 MAX_NODE_ID = 255
 MAX_TARGETS_PER_NODE = 1024
@@ -167,6 +169,8 @@ class ClusterManager:
         self._offline_listeners: list[Callable[[], None]] = []
         self._dirty = False  # memory may hold a change the store refused: reload before use
         self._loaded_at = -float("inf")
+        self._usage_pending: set[int] = set()  # targets whose usage is not stored yet
+        self._usage_wake = threading.Event()
         self._load()
         # node -> monotonic time of its last heartbeat or registration; registration adds
         # keys under both locks, a heartbeat refreshes one under this lock alone
@@ -180,37 +184,59 @@ class ClusterManager:
     # ------------------------------------------------------------------ state
 
     def _load(self) -> None:
-        self._nodes: dict[str, Node] = {}
-        self._targets: dict[int, common_pb2.TargetInfo] = {}
-        self._chains: dict[int, Chain] = {}
-        for _, raw in self.engine.scan_prefix(keys.NODE):
+        """Memory becomes the stored state (read at one revision of the store)."""
+        self._adopt(self._read_stored())
+
+    def _read_stored(self) -> dict:
+        """The stored cluster state, every key read in one transaction (one state of the store)."""
+        txn = self.engine.transaction()
+        nodes: dict[str, Node] = {}
+        targets: dict[int, common_pb2.TargetInfo] = {}
+        chains: dict[int, Chain] = {}
+        for _, raw in txn.scan_prefix(keys.NODE):
             node = Node.decode(raw)
-            self._nodes[node.node_id] = node
-        for _, raw in self.engine.scan_prefix(keys.TARGET):
+            nodes[node.node_id] = node
+        for _, raw in txn.scan_prefix(keys.TARGET):
             info = common_pb2.TargetInfo.FromString(raw)
-            self._targets[info.target_id] = info
-        for _, raw in self.engine.scan_prefix(keys.CHAIN):
+            targets[info.target_id] = info
+        for _, raw in txn.scan_prefix(keys.CHAIN):
             rec = common_pb2.ChainInfo.FromString(raw)
             members = tuple(rec.targets)
-            states = tuple(self._targets[t].state for t in members)
-            self._chains[rec.chain_id] = Chain(rec.chain_id, rec.version, members, states)
-        self._next_target = self._counter(keys.NEXT_TARGET, 1)
-        self._next_chain = self._counter(keys.NEXT_CHAIN, 1)
-        self._routing_version = self._counter(keys.ROUTING_VERSION, 0)
-        self._routing_cache: common_pb2.RoutingInfo | None = None
-        raw = self.engine.get(keys.config_key(keys.DRAINS))
-        self._drains: dict[int, int] = (
-            {int(k): int(v) for k, v in json.loads(raw).items()} if raw else {}
-        )
-        raw = self.engine.get(keys.config_key(keys.FENCED))
-        self._fenced: set[int] = set(json.loads(raw)) if raw else set()
+            states = tuple(targets[t].state for t in members)
+            chains[rec.chain_id] = Chain(rec.chain_id, rec.version, members, states)
+
+        def counter(name: str, default: int) -> int:
+            raw = txn.get(keys.config_key(name))
+            return default if raw is None else _U64.unpack(raw)[0]
+
+        raw_drains = txn.get(keys.config_key(keys.DRAINS))
+        raw_fenced = txn.get(keys.config_key(keys.FENCED))
+        return {
+            "_nodes": nodes,
+            "_targets": targets,
+            "_chains": chains,
+            "_next_target": counter(keys.NEXT_TARGET, 1),
+            "_next_chain": counter(keys.NEXT_CHAIN, 1),
+            "_routing_version": counter(keys.ROUTING_VERSION, 0),
+            "_drains": (
+                {int(k): int(v) for k, v in json.loads(raw_drains).items()} if raw_drains else {}
+            ),
+            "_fenced": set(json.loads(raw_fenced)) if raw_fenced else set(),
+        }
+
+    def _adopt(self, state: dict) -> None:
+        self._nodes: dict[str, Node] = state["_nodes"]
+        self._targets: dict[int, common_pb2.TargetInfo] = state["_targets"]
+        self._chains: dict[int, Chain] = state["_chains"]
+        self._next_target: int = state["_next_target"]
+        self._next_chain: int = state["_next_chain"]
+        self._routing_version: int = state["_routing_version"]
+        self._drains: dict[int, int] = state["_drains"]
+        self._fenced: set[int] = state["_fenced"]
         self._routing_cache = self._build_routing()
         self._dirty = False
         self._loaded_at = self.clock()
-
-    def _counter(self, name: str, default: int) -> int:
-        raw = self.engine.get(keys.config_key(name))
-        return default if raw is None else _U64.unpack(raw)[0]
+        self._usage_pending = set()  # memory holds the stored figures again
 
     def _flush(self, changes: _Changes) -> None:
         """Write what ``changes`` names as one batch (bumping the routing version if needed).
@@ -222,10 +248,22 @@ class ClusterManager:
         own (on a disk that chunk writes share, a sync waits behind the writes
         queued on it). Changes of state, chains, nodes and admin steering are
         synced before the call returns.
+
+        On a shared store (etcd, over the network) usage figures alone are not
+        written by the call at all: they are left to :meth:`_write_usage`, a
+        thread of their own, so that a heartbeat is answered (and its node's
+        lease extended) without waiting for the store, which may be slow or
+        gone for a while (see :mod:`emberfs.metaserver.leadership`).
         """
         self._finish_drains(changes)
         if not (changes.bumps_routing or changes.usage or changes.admin):
             return
+        if self.engine.shared and not (changes.bumps_routing or changes.admin):
+            self._usage_pending |= changes.usage
+            self._routing_cache = self._build_routing()
+            self._usage_wake.set()
+            return
+        changes.usage |= self._usage_pending
         version = self._routing_version + 1 if changes.bumps_routing else self._routing_version
         puts: dict[bytes, bytes] = {
             keys.config_key(keys.NEXT_TARGET): _U64.pack(self._next_target),
@@ -260,6 +298,52 @@ class ClusterManager:
             raise
         self._routing_version = version
         self._routing_cache = self._build_routing()
+        self._usage_pending -= changes.usage
+
+    def _write_usage(self) -> None:
+        """Store the usage figures heartbeats brought, outside the cluster lock (shared stores).
+
+        The batch is what memory held at one routing version, and commits only
+        while that version is still stored (and this metaserver leads): a
+        change of state written meanwhile, which stores whole target records,
+        makes it conflict, and it is made again from memory.
+        """
+        with self._lock:
+            pending, self._usage_pending = self._usage_pending, set()
+            if not pending or not self.leadership.leading() or self._dirty:
+                self._usage_pending |= pending if self.leadership.leading() else set()
+                return
+            stored = _U64.pack(self._routing_version) if self._routing_version else None
+            guard = {keys.config_key(keys.ROUTING_VERSION): stored}
+            reads = {**self.leadership.fence, **guard}
+            puts = {
+                keys.target_key(tid): self._targets[tid].SerializeToString()
+                for tid in pending
+                if tid in self._targets
+            }
+        try:
+            self.engine.commit(reads, puts, set(), sync=False)
+        except Conflict:
+            with self._lock:  # a change of state or of leader came first: from memory again
+                self._usage_pending |= pending
+        except errors.EmberError as exc:
+            with self._lock:
+                self._usage_pending |= pending
+            raise errors.Unavailable(f"usage figures not stored: {exc}") from exc
+
+    def run_usage_writer(self, stop: threading.Event, interval: float = 1.0) -> None:
+        """Store pending usage figures at most every ``interval`` seconds until ``stop``."""
+        while not stop.is_set():
+            self._usage_wake.wait(interval)
+            self._usage_wake.clear()
+            if stop.wait(interval):
+                return
+            try:
+                self._write_usage()
+            except errors.EmberError as exc:
+                log.info("%s", exc)
+            except Exception:
+                log.exception("storing usage figures failed")
 
     def _reload_after_failure(self) -> None:
         """Memory follows what is stored; while the store cannot be read, it is marked dirty
@@ -302,16 +386,19 @@ class ClusterManager:
         one), or with ``force``. Returns whether it reloaded. A store that
         cannot be read leaves the copy as it was.
         """
-        if self.leadership.leading():
-            return False
+        if self.leadership.granting():
+            return False  # it leads (or is frozen, cut off from the store): memory is the truth
+        stale = self.clock() - self._loaded_at >= self.FOLLOW_INTERVAL
+        if not (force or stale):
+            raw = self.engine.get(keys.config_key(keys.ROUTING_VERSION))
+            stored = 0 if raw is None else _U64.unpack(raw)[0]
+            if stored == self._routing_version:
+                return False
+        state = self._read_stored()  # outside the lock: the store may take its time
         with self._lock:
-            stale = self.clock() - self._loaded_at >= self.FOLLOW_INTERVAL
-            if not (force or stale):
-                raw = self.engine.get(keys.config_key(keys.ROUTING_VERSION))
-                stored = 0 if raw is None else _U64.unpack(raw)[0]
-                if stored == self._routing_version:
-                    return False
-            self._load()
+            if self.leadership.granting():
+                return False  # it took the lead meanwhile (and loaded itself)
+            self._adopt(state)
             return True
 
     def _set_chain(self, new: Chain, changes: _Changes) -> None:
@@ -639,8 +726,8 @@ class ClusterManager:
         """
         try:
             self.follow()
-        except errors.Unavailable:
-            pass
+        except errors.EmberError:
+            pass  # the store cannot be read: the copy as it is
         return cluster_pb2.GetRoutingResponse(routing=self.routing())
 
     def sync_done(self, req: cluster_pb2.SyncDoneRequest) -> cluster_pb2.SyncDoneResponse:

@@ -83,9 +83,15 @@ _CHANNEL_OPTIONS = [
 ]
 
 # Failures after which the same call may go to another endpoint: the endpoint is down,
-# its member has no leader, or it did not answer in time.
+# its member has no leader, or it did not answer in time. (A member that waited for a
+# quorum past its own deadline answers UNKNOWN "context deadline exceeded".)
 _FAILOVER_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+    }
 )
 
 

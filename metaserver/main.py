@@ -499,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sweeps",
             ),
             (repair.run, (stop,), "read-repair"),
+            *([(cluster.run_usage_writer, (stop,), "usage-writer")] if engine.shared else []),
             *(
                 [
                     (

@@ -509,7 +509,11 @@ class Node:
         log.warning(
             "metaserver %s %s; node calls go to %s",
             self.meta_address,
-            "does not lead" if leader is not None else f"failed ({exc.code().name})",
+            "does not lead"
+            if leader
+            else "knows no leader"
+            if leader is not None
+            else f"failed ({exc.code().name})",
             target,
         )
         self._set_cluster_address("")
