@@ -321,8 +321,13 @@ class LocalCluster:
         and stopped with the cluster), or an ``etcd://`` URL of a running one.
     metaservers : int, default 1
         Metaservers on the store (more than one needs etcd). The first listens
-        on ``meta_port`` and ``admin_port``; clients and storage servers are
-        given all of them.
+        on ``meta_port`` and ``admin_port``, metaserver i on those ports + 10 i
+        when they were given (else on free ports); clients and storage servers
+        are given all of them.
+    etcd_members, etcd_port : int, default 1, 0
+        With ``kv="etcd"``: the local etcd's members, and the client port of
+        the first (member i uses ``etcd_port`` + 2 i, and the port after it for
+        its peers; 0 picks free ports).
     insecure : bool, default False
         Run without authentication. Otherwise every server gets the key file
         ``data_dir/cluster.key`` (made on first start) and the metaserver
@@ -358,6 +363,7 @@ class LocalCluster:
     kv: str = "rocksdb"
     metaservers: int = 1
     etcd_members: int = 1
+    etcd_port: int = 0
 
     def __post_init__(self) -> None:
         if self.metaservers < 1:
@@ -376,19 +382,32 @@ class LocalCluster:
             security += ["--tls-ca", self.tls.ca]
         # Nothing binds the ports until start(), so each pick avoids the ones before it.
         taken: set[int] = set()
+        fixed = bool(self.meta_port and self.admin_port)
         self.meta_port = self.meta_port or free_port(self.host, avoid=taken)
         taken.add(self.meta_port)
         self.admin_port = self.admin_port or free_port(self.host, avoid=taken)
         taken.add(self.admin_port)
         self.meta_ports = [self.meta_port]
         self.admin_ports = [self.admin_port]
-        for _ in range(self.metaservers - 1):
-            for ports in (self.meta_ports, self.admin_ports):
-                ports.append(free_port(self.host, avoid=taken))
+        for i in range(1, self.metaservers):
+            for ports, first in (
+                (self.meta_ports, self.meta_port),
+                (self.admin_ports, self.admin_port),
+            ):
+                ports.append(first + 10 * i if fixed else free_port(self.host, avoid=taken))
                 taken.add(ports[-1])
         self.etcd: LocalEtcd | None = None
         if self.kv == "etcd":
-            self.etcd = LocalEtcd(self.data_dir / "etcd", members=self.etcd_members, host=self.host)
+            self.etcd = LocalEtcd(
+                self.data_dir / "etcd",
+                members=self.etcd_members,
+                host=self.host,
+                client_ports=(
+                    [self.etcd_port + 2 * i for i in range(self.etcd_members)]
+                    if self.etcd_port
+                    else None
+                ),
+            )
             store = ["--kv", self.etcd.url("emberfs")]
         elif self.kv.startswith("etcd://"):
             store = ["--kv", self.kv]

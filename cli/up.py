@@ -5,6 +5,12 @@ processes on 127.0.0.1, prints where they listen and how to use them, restarts
 a child that dies, and stops everything on Ctrl-C or SIGTERM. Started again on
 the same data directory it comes back with all its data.
 
+``--kv etcd`` keeps the metadata in a local etcd (``DATA_DIR/etcd``, the
+``etcd`` server binary must be installed) and runs two metaservers on it
+(``--metaservers``): kill one and the other takes over. The metaservers listen
+on ``--meta-port`` and ``--admin-port`` and those + 10 i; clients and storage
+servers are given all of them.
+
 Authentication is on: the cluster's key file (``DATA_DIR/cluster.key``) and
 the admin token (``DATA_DIR/admin.token``, or ``EMBERFS_ADMIN_TOKEN``) are
 made on the first start, and a client config file with the metaserver, the
@@ -18,13 +24,13 @@ authentication.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from pathlib import Path
 
-from emberfs.cli.localcluster import LocalCluster
+from emberfs.cli.localcluster import LocalCluster, etcd_binary
 from emberfs.client import config
+from emberfs.common.signals import StopSignals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds (default: 5)")
     p.add_argument(
+        "--kv",
+        default="rocksdb",
+        help="the metadata store: rocksdb (default), etcd (a local etcd in DATA_DIR/etcd, "
+        "started with the cluster) or the etcd:// URL of a running etcd cluster",
+    )
+    p.add_argument(
+        "--metaservers",
+        type=int,
+        help="metaservers on the store (default: 1 on RocksDB, 2 on etcd)",
+    )
+    p.add_argument(
+        "--etcd-port",
+        type=int,
+        default=9450,
+        help="client port of the local etcd with --kv etcd (its peers use the next) "
+        "(default: 9450)",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         help="run without authentication: anyone who reaches a port may do anything",
@@ -76,6 +100,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.kv not in ("rocksdb", "etcd") and not args.kv.startswith("etcd://"):
+        print("emberfs up: --kv must be rocksdb, etcd or an etcd:// URL", file=sys.stderr)
+        return 2
+    metaservers = args.metaservers or (1 if args.kv == "rocksdb" else 2)
+    if metaservers < 1 or (metaservers > 1 and args.kv == "rocksdb"):
+        print("emberfs up: several metaservers need --kv etcd", file=sys.stderr)
+        return 2
+    if args.kv == "etcd":
+        try:
+            etcd_binary()
+        except RuntimeError as exc:
+            print(f"emberfs up: {exc}", file=sys.stderr)
+            return 2
     data_dir = Path(args.data_dir).resolve()
     cluster = LocalCluster(
         data_dir,
@@ -87,14 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         storage_ports=[args.storage_port + 3 * i for i in range(args.storage_servers)],
         heartbeat_timeout=args.heartbeat_timeout,
         insecure=args.insecure,
+        kv=args.kv,
+        metaservers=metaservers,
+        etcd_port=args.etcd_port,
     )
     stop = threading.Event()
-
-    def on_signal(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    StopSignals(stop.set)
 
     print(f"Starting EmberFS in {data_dir} ...", flush=True)
     try:
@@ -106,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.client_config != "none" and cluster.admin_token:
         written = config.write(
             args.client_config or config.config_path(),
-            meta=cluster.meta_address,
+            meta=cluster.meta_addresses,
             token=cluster.admin_token,
             admin=cluster.admin_url,
             admin_token=cluster.admin_token,
@@ -122,12 +157,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_endpoints(cluster: LocalCluster, client_config: Path | None) -> None:
-    lines = [
-        "",
-        "EmberFS is up.",
-        f"  metaserver   {cluster.meta_address}  (gRPC; set EMBERFS_META to this)",
-        f"  admin API    {cluster.admin_url}  (dashboard /, API docs /docs, metrics /metrics)",
-    ]
+    lines = ["", "EmberFS is up."]
+    if len(cluster.metas) == 1:
+        lines += [
+            f"  metaserver   {cluster.meta_address}  (gRPC; set EMBERFS_META to this)",
+            f"  admin API    {cluster.admin_url}  (dashboard /, API docs /docs, metrics /metrics)",
+        ]
+    else:
+        lines.append(
+            f"  metaservers  {cluster.meta_addresses}  (gRPC; set EMBERFS_META to this list)"
+        )
+        for i, service in enumerate(cluster.metas):
+            lines.append(
+                f"  {service.name:<12} {cluster.host}:{cluster.meta_ports[i]}  admin API "
+                f"{cluster.admin_url_of(i)}  (pid {service.proc.pid})"
+            )
+    if cluster.etcd is not None:
+        lines.append(
+            f"  etcd         {','.join(cluster.etcd.endpoints)}  (the metadata store, data in "
+            f"{cluster.etcd.data_dir})"
+        )
+    elif cluster.kv.startswith("etcd://"):
+        lines.append(f"  etcd         {cluster.kv}  (the metadata store)")
     for i, s in enumerate(cluster.storage):
         lines.append(
             f"  storage-{i}    data {cluster.storage_address(i)}  gRPC {cluster.storage_grpc_address(i)}"
@@ -164,8 +215,9 @@ def print_endpoints(cluster: LocalCluster, client_config: Path | None) -> None:
 
 def supervise(cluster: LocalCluster, stop: threading.Event) -> None:
     """Restart any child that exits until ``stop`` is set."""
+    etcd = cluster.etcd.services if cluster.etcd is not None else []
     while not stop.wait(1.0):
-        for service in [cluster.meta, *cluster.storage]:
+        for service in [*etcd, *cluster.metas, *cluster.storage]:
             if not service.running and not stop.is_set():
                 code = service.proc.returncode if service.proc else None
                 print(

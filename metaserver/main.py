@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -50,6 +49,7 @@ from emberfs.common import layout as layout_rules
 from emberfs.common.addresses import join_address, split_address
 from emberfs.common.auth import add_secret_arguments, keys_from_args, tls_from_args
 from emberfs.common.grpcauth import AuthInterceptor
+from emberfs.common.signals import StopSignals
 from emberfs.metaserver import cluster_service
 from emberfs.metaserver import cuts as cuts_module
 from emberfs.metaserver import service as meta_service
@@ -375,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    StopSignals(stop.set)
 
     try:
         engine = open_engine(args)

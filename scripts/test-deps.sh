@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages the test suite uses beyond Python wheels: a headless browser for the dashboard
-# test and debootstrap for the container base image. Installs them with apt-get when running as
+# test, debootstrap for the container base image and the etcd server for the metadata store's
+# etcd engine and the tests with several metaservers. Installs them with apt-get when running as
 # root on Debian; elsewhere it says what is missing and the tests that need them skip.
 #
 # With EMBERFS_REQUIRE_ALL_TESTS set (as .ci/run does) nothing may be left out: the script exits
@@ -17,6 +18,7 @@ missing() {
     command -v chromium >/dev/null 2>&1 || need+=(chromium)
     [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
     command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+    command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
     echo "${need[@]}"
 }
 

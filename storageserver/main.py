@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
 
 from emberfs.common.addresses import split_address, split_addresses
 from emberfs.common.auth import add_secret_arguments, keys_from_args, tls_from_args
+from emberfs.common.signals import StopSignals
 from emberfs.common.units import parse_size
 from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES
 from emberfs.storageserver.metrics import start_metrics_server
@@ -185,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         frame_timeout=args.frame_timeout,
         tls=args.tls,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: node.request_stop())
+    StopSignals(node.request_stop)
     try:
         try:
             registered = node.start()

@@ -415,7 +415,7 @@ class Node:
             store.close()
 
     def request_stop(self) -> None:
-        """Ask :meth:`start` and :meth:`wait` to return (safe from a signal handler)."""
+        """Ask :meth:`start` and :meth:`wait` to return."""
         self._stop.set()
         self._wake.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +23,7 @@ def _user_env(config) -> dict[str, str]:
     return env
 
 
-def _start(data_dir, meta, admin, storage, config):
+def _start(data_dir, meta, admin, storage, config, *extra):
     env = _user_env(config)
     proc = subprocess.Popen(
         emberfs_command()
@@ -38,6 +39,7 @@ def _start(data_dir, meta, admin, storage, config):
             str(storage),
             "--heartbeat-timeout",
             "3",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -131,6 +133,54 @@ def test_up_runs_every_role_and_keeps_data_across_restarts(tmp_path):
         r = subprocess.run(cli + ["cat", "/d/file.bin"], env=env, capture_output=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert r.stdout == payload
+    finally:
+        assert _stop(proc) == 0
+
+
+def test_up_on_etcd_runs_two_metaservers_and_survives_the_loss_of_either(tmp_path):
+    """``--kv etcd``: a local etcd and two metaservers; kill -9 one, the other serves."""
+    if shutil.which("etcd") is None:
+        pytest.skip("needs the etcd server (apt-get install etcd-server)")
+    meta, admin = free_port(), free_port()
+    taken = {meta, admin, meta + 10, admin + 10}  # the second metaserver's ports
+    storage = free_port(count=9, avoid=taken)
+    etcd = free_port(count=2, avoid=taken | set(range(storage, storage + 9)))
+    data_dir = tmp_path / "data"
+    config = tmp_path / "client.toml"
+    cli = emberfs_command()
+    env = _user_env(config)
+    run = lambda *a: subprocess.run(cli + list(a), env=env, capture_output=True, timeout=90)  # noqa: E731
+    proc, banner = _start(
+        data_dir, meta, admin, storage, config, "--kv", "etcd", "--etcd-port", str(etcd)
+    )
+    try:
+        assert proc.poll() is None, banner
+        assert f"metaservers  127.0.0.1:{meta},127.0.0.1:{meta + 10}" in banner
+        assert f"etcd         127.0.0.1:{etcd}" in banner
+        roles = _children_roles(proc.pid)
+        assert sorted(roles) == ["metaserver"] * 2 + ["storageserver"] * 3, roles
+        assert f'meta = "127.0.0.1:{meta},127.0.0.1:{meta + 10}"' in config.read_text()
+        assert run("mkdir", "/d").returncode == 0
+        first = subprocess.run(
+            ["pgrep", "-f", f"metaserver .*--listen 127.0.0.1:{meta} "],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert len(first) == 1
+        os.kill(int(first[0]), signal.SIGKILL)  # the other metaserver serves meanwhile
+        r = run("mkdir", "/d/e")
+        assert r.returncode == 0, r.stderr
+        r = run("ls", "/d")
+        assert r.returncode == 0 and b"e/" in r.stdout, r.stderr
+    finally:
+        assert _stop(proc) == 0
+    assert _children_roles(proc.pid) == []
+    proc, banner = _start(
+        data_dir, meta, admin, storage, config, "--kv", "etcd", "--etcd-port", str(etcd)
+    )
+    try:
+        r = run("ls", "/d")  # the store came back with the cluster
+        assert r.returncode == 0 and b"e/" in r.stdout, r.stderr
     finally:
         assert _stop(proc) == 0
 
