@@ -339,13 +339,48 @@ class EtcdEngine(KVEngine):
             raise store_error(exc) from None
 
     def read(self, key: bytes, revision: int = 0):
-        """``(value or None, mod_revision, store revision)`` of ``key`` (at ``revision``, 0: now)."""
+        """``(value or None, mod_revision, store revision)`` of ``key`` (at ``revision``, 0: now).
+
+        A read at a given revision is served by the member without a round of
+        its leader's (``serializable``): the member served the read that fixed
+        the revision, so it holds it; one that does not (a call moved to
+        another member) answers "future revision", a conflict.
+        """
         rpc, _ = _rpc()
-        resp = self.call("KV", "Range", rpc.RangeRequest(key=self.full_key(key), revision=revision))
+        resp = self.call(
+            "KV",
+            "Range",
+            rpc.RangeRequest(key=self.full_key(key), revision=revision, serializable=revision != 0),
+        )
         if resp.kvs:
             kv = resp.kvs[0]
             return kv.value, kv.mod_revision, resp.header.revision
         return None, 0, resp.header.revision
+
+    def read_many(self, keys: list[bytes], revision: int = 0):
+        """``([(value or None, mod_revision) per key], store revision)``, in one round trip
+        per :attr:`max_txn_ops` keys (a transaction of range reads), at ``revision`` (0: now)."""
+        rpc, _ = _rpc()
+        out: list[tuple[bytes | None, int]] = []
+        for i in range(0, len(keys), self.max_txn_ops):
+            part = keys[i : i + self.max_txn_ops]
+            resp = self.call(
+                "KV",
+                "Txn",
+                rpc.TxnRequest(
+                    success=[
+                        rpc.RequestOp(
+                            request_range=rpc.RangeRequest(key=self.full_key(k), revision=revision)
+                        )
+                        for k in part
+                    ]
+                ),
+            )
+            revision = revision or resp.header.revision
+            for answer in resp.responses:
+                kvs = answer.response_range.kvs
+                out.append((kvs[0].value, kvs[0].mod_revision) if kvs else (None, 0))
+        return out, revision
 
     def get(self, key: bytes) -> bytes | None:
         return self.read(key)[0]
@@ -372,7 +407,13 @@ class EtcdEngine(KVEngine):
             resp = self.call(
                 "KV",
                 "Range",
-                rpc.RangeRequest(key=begin, range_end=stop, limit=page, revision=revision),
+                rpc.RangeRequest(
+                    key=begin,
+                    range_end=stop,
+                    limit=page,
+                    revision=revision,
+                    serializable=revision != 0,
+                ),
             )
             if not revision:
                 revision = resp.header.revision
@@ -543,6 +584,22 @@ class EtcdTransaction(Transaction):
         self.engine: EtcdEngine = engine
         self.revision = 0  # fixed by the first read
         self.mods: dict[bytes, int] = {}
+        self._ahead: dict[bytes, tuple[bytes | None, int]] = {}  # prefetched, not read yet
+
+    def prefetch(self, keys) -> None:
+        wanted = [
+            k
+            for k in dict.fromkeys(keys)
+            if k not in self.reads
+            and k not in self.puts
+            and k not in self.deletes
+            and k not in self._ahead
+        ]
+        if not wanted:
+            return
+        values, revision = self.engine.read_many(wanted, self.revision)
+        self._fix(revision)
+        self._ahead.update(zip(wanted, values, strict=True))
 
     def savepoint(self) -> tuple:
         return (*super().savepoint(), dict(self.mods))
@@ -554,12 +611,18 @@ class EtcdTransaction(Transaction):
 
     def _read(self, key: bytes) -> bytes | None:
         # (no bound here: a transaction that only reads commits nothing, however much it read)
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            self.mods[key] = ahead[1]
+            return ahead[0]
         value, mod, revision = self.engine.read(key, self.revision)
         self.revision = self.revision or revision
         self.mods[key] = mod
         return value
 
     def _peek(self, key: bytes) -> bytes | None:
+        if key in self._ahead:
+            return self._ahead[key][0]
         value, _, revision = self.engine.read(key, self.revision)
         self.revision = self.revision or revision
         return value

@@ -17,7 +17,10 @@ Records are pruned two ways:
   starts at the client's oldest kept record (a :class:`PruneHints` entry), not
   at the start of its range: RocksDB keeps a deleted key as a tombstone until
   compaction, and a seek from the range's start would step over every record
-  pruned since, making each store of a long-lived client slower than the last;
+  pruned since, making each store of a long-lived client slower than the last.
+  On a shared store (etcd) the scan is a round trip of its own, so only every
+  :data:`PRUNE_EVERY_SHARED`-th store prunes, that many times as many records,
+  and never more than the commit has room for;
 - by age: :func:`prune_expired` deletes records older than
   :data:`MAX_AGE_NS`, which covers clients that went away. The metaserver's
   background loop runs it over the whole table, in bounded slices, every
@@ -40,6 +43,7 @@ from emberfs.metaserver.kv import KVEngine, Transaction, prefix_end
 WINDOW = 65536
 RETRY_HORIZON_NS = 120 * 10**9
 PRUNE_PER_STORE = 8
+PRUNE_EVERY_SHARED = 8  # on a shared store, every 8th store prunes (8 times as many at most)
 MAX_AGE_NS = 600 * 10**9
 HINT_CLIENTS = 4096
 MAX_REQUEST_ID = 2**64 - 1
@@ -117,10 +121,20 @@ def store(
         keys.idempotent_key(client_id, request_id),
         records.encode_idempotent(method, now, response.SerializeToString()),
     )
+    per_store = PRUNE_PER_STORE
+    if txn.engine.shared:
+        # the prune scan is a round trip of its own there: one store in eight makes it
+        if request_id % PRUNE_EVERY_SHARED:
+            return
+        per_store *= PRUNE_EVERY_SHARED
+    if txn.engine.max_txn_ops is not None:  # never past what one commit takes
+        per_store = min(per_store, txn.engine.max_txn_ops - txn.size[1])
+        if per_store <= 0:
+            return
     prefix = keys.idempotent_prefix(client_id)
     first = 0 if hints is None else hints.first(client_id)
     start = keys.idempotent_key(client_id, first) if first else prefix
-    for key, raw in txn.engine.scan(start, prefix_end(prefix), PRUNE_PER_STORE):
+    for key, raw in txn.engine.scan(start, prefix_end(prefix), per_store):
         first = keys.idempotent_request_id(key)
         behind = first <= request_id - WINDOW
         if not behind and now - records.decode_idempotent(raw).stored_ns <= RETRY_HORIZON_NS:

@@ -48,7 +48,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -338,6 +338,14 @@ class Transaction:
         if key in self.reads:
             return self.reads[key]
         return self._peek(key)
+
+    def prefetch(self, keys: Iterable[bytes]) -> None:  # noqa: B027 - optional hook
+        """Fetch ``keys`` ahead, in as few round trips as the store allows.
+
+        A later :meth:`get` of one of them is answered from what was fetched
+        (and only then enters the read set). The local engines read in
+        microseconds and fetch nothing ahead.
+        """
 
     def _read(self, key: bytes) -> bytes | None:
         """The stored value of ``key`` (recorded in the read set by :meth:`get`)."""

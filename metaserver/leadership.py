@@ -121,6 +121,10 @@ class Leadership:
     def stop(self) -> None:  # noqa: B027 - optional hook
         """Give the leadership up (at shutdown)."""
 
+    def wait_known(self, timeout: float) -> bool:
+        """Block until the leader is known (here: at once, this metaserver leads)."""
+        return True
+
     def leading(self) -> bool:
         """This metaserver runs the cluster manager now and may change the cluster."""
         return True
@@ -205,6 +209,7 @@ class EtcdLeadership(Leadership):
         self._leading = False  # holds the key (while confirmed; frozen past that)
         self._leader: LeaderInfo | None = None
         self._value = b""
+        self._known = threading.Event()  # set once a round found the leader (or took the lead)
 
     # state -------------------------------------------------------------------
     def leading(self) -> bool:
@@ -250,9 +255,13 @@ class EtcdLeadership(Leadership):
             except errors.EmberError:
                 pass
 
-    def wait_round(self, timeout: float) -> bool:
-        """Block until the next round (for tests); False on timeout."""
-        return not self._stop.wait(timeout)
+    def wait_known(self, timeout: float) -> bool:
+        """Block until this metaserver leads or knows who does (at most ``timeout`` seconds).
+
+        A metaserver that starts answers its first calls after this, so that
+        they are not refused for want of a leader it would know a moment later.
+        """
+        return self._known.wait(timeout)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -281,12 +290,15 @@ class EtcdLeadership(Leadership):
         if won:
             if not self._leading:
                 self._take_over(value)
+            self._known.set()
             return
         current = LeaderInfo.decode(value) if value else None
         if self._leading:
             self._step_down("the leader key names another metaserver")
         with self._lock:
             self._leader = current
+        if current is not None:
+            self._known.set()
         if current is not None and current.id == self.me.id:
             # our own key of an earlier lease (a freeze outlived the lease here): give it up
             self._delete_own_key(value)

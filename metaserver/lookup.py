@@ -11,27 +11,98 @@ only when asked.
 Every directory walked needs search permission, and every inode and entry
 read lands in the transaction's read set, so a concurrent change to any of
 them makes the operation retry.
+
+On a store where every read is a network round trip (etcd), a walk first
+fetches together the keys it expects to read (:func:`predicted_keys`): the
+entries and inodes of the path as earlier walks of this metaserver found them
+(:class:`PathCache`). The guess is never trusted, only fetched: the walk reads
+each entry as usual, from what was fetched when the guess was right, from the
+store when it was not.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from emberfs.common import paths
 from emberfs.common.errors import (
     Busy,
+    EmberError,
     InvalidArgument,
     NameTooLong,
     NotADirectory,
     NotFound,
     TooManyLinks,
 )
-from emberfs.metaserver import access, records
+from emberfs.metaserver import access, keys, records
 from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2
 
 MAX_SYMLINKS = 40
+PATH_CACHE_ENTRIES = 1 << 17
+
+
+class PathCache:
+    """Which inode each directory entry named when a walk last read it, for the newest entries.
+
+    ``(directory id, name) -> inode id``; only a guess of what a walk will read
+    (see the module docstring), so a stale entry costs one more round trip,
+    never a wrong answer.
+    """
+
+    def __init__(self, capacity: int = PATH_CACHE_ENTRIES) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[int, str], int] = OrderedDict()
+
+    def get(self, parent: int, name: str) -> int | None:
+        with self._lock:
+            return self._entries.get((parent, name))
+
+    def found(self, parent: int, name: str, child: int | None) -> None:
+        """A walk read the entry ``name`` of ``parent``: it names ``child`` (None: nothing)."""
+        key = (parent, name)
+        with self._lock:
+            if child is None:
+                self._entries.pop(key, None)
+                return
+            self._entries[key] = child
+            self._entries.move_to_end(key)
+            if len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+
+def predicted_keys(op: OpContext, path: str) -> list[bytes]:
+    """The keys a walk of ``path`` is expected to read, as far as the path cache knows it."""
+    cache = op.env.paths
+    out = [keys.inode_key(records.ROOT_INODE)]
+    if cache is None:
+        return out
+    try:
+        components = paths.split_path(path)
+    except EmberError:
+        return out  # the walk itself says what is wrong with the path
+    parent = records.ROOT_INODE
+    for comp in components:
+        out.append(keys.dentry_key(parent, comp))
+        child = cache.get(parent, comp)
+        if child is None:
+            break
+        out.append(keys.inode_key(child))
+        parent = child
+    return out
+
+
+def prefetch_paths(op: OpContext, path_list, extra: list[bytes] = ()) -> None:
+    """Fetch what walks of ``path_list`` are expected to read (and ``extra``) at once."""
+    if op.env.paths is None:
+        return
+    wanted = list(extra)
+    for path in path_list:
+        wanted += predicted_keys(op, path)
+    op.txn.prefetch(wanted)
 
 
 @dataclass
@@ -94,6 +165,8 @@ def root(op: OpContext) -> common_pb2.InodeAttr:
 
 def resolve(op: OpContext, path: str, *, follow: bool) -> Resolved:
     """Walk ``path``; ``follow`` says whether a final symlink is followed."""
+    if op.env.paths is not None:
+        op.txn.prefetch(predicted_keys(op, path))
     pending = deque(paths.split_path(path))
     stack = [root(op)]
     links = 0
@@ -106,6 +179,8 @@ def resolve(op: OpContext, path: str, *, follow: bool) -> Resolved:
         directory = stack[-1]
         access.check(directory, op.creds, access.SEARCH, path)
         entry = op.get_dentry(directory.inode, comp)
+        if op.env.paths is not None:
+            op.env.paths.found(directory.inode, comp, None if entry is None else entry.inode)
         last = not pending
         if entry is None:
             if last:

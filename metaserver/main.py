@@ -487,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         # Everything listens: the lead is taken (at once on a store of its own), and from
         # then nodes and writers are judged, a full timeout each at least.
         leadership.start(on_elected=cluster.take_over)
+        if not leadership.wait_known(2 * args.leader_ttl + 1):
+            log.warning("no leader known yet (is etcd reachable?); serving all the same")
         extra = []
         if engine.shared:
             extra.append((COMPACT_INTERVAL, Compactor(engine), "etcd compaction"))

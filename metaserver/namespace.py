@@ -35,7 +35,15 @@ from google.protobuf.message import Message
 
 from emberfs.common import layout as layouts
 from emberfs.common.errors import EmberError, InvalidArgument, Unavailable
-from emberfs.metaserver import cuts, dirlayout, idempotency, inodecounts, keys, records
+from emberfs.metaserver import (
+    cuts,
+    dirlayout,
+    idempotency,
+    inodecounts,
+    keys,
+    lookup,
+    records,
+)
 from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
 from emberfs.metaserver.leases import Leases
@@ -146,6 +154,7 @@ class Namespace:
             session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
             leases=self._leases,
             shared_counts=engine.shared,
+            paths=lookup.PathCache() if engine.shared else None,
         )
         self._cuts = None if truncate_chunks is None else cuts.PendingCuts(engine, truncate_chunks)
         self._counts_lock = threading.Lock()
@@ -223,6 +232,8 @@ class Namespace:
             op = OpContext(txn, creds, self._env, self._clock(), client_id=ctx.client_id)
             last[:] = [op]
             replayed[0] = False
+            if self._env.paths is not None:
+                self._prefetch(op, req, dedup)
             if dedup:
                 prior = idempotency.find(
                     txn, ctx.client_id, ctx.request_id, method, _RESPONSES[method]
@@ -262,6 +273,19 @@ class Namespace:
             for inode in last[0].cuts:
                 self._finish_cut(inode)
         return response
+
+    @staticmethod
+    def _prefetch(op: OpContext, req: Any, dedup: bool) -> None:
+        """Fetch at once what the operation is expected to read (see :mod:`.lookup`)."""
+        fields = req.DESCRIPTOR.fields_by_name
+        wanted = [getattr(req, f) for f in ("path", "src", "dst") if f in fields]
+        extra = []
+        if dedup:
+            extra = [
+                keys.idempotent_key(req.ctx.client_id, req.ctx.request_id),
+                inodecounts.shard_key(op.shard),
+            ]
+        lookup.prefetch_paths(op, [p for p in wanted if p], extra)
 
     def _run_each(
         self,

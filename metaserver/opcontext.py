@@ -98,6 +98,7 @@ class NamespaceEnv:
     session_ids: IdAllocator
     leases: Leases
     shared_counts: bool = False  # inode counts kept in the store (inodecounts), not in memory
+    paths: object = None  # lookup.PathCache where reads are round trips, else None
 
 
 @dataclass
@@ -171,9 +172,13 @@ class OpContext:
         """Add or replace an entry, and move the directory's entry guard."""
         self.txn.put(keys.dentry_key(parent, name), records.encode_dentry(attr.inode, attr.type))
         self.txn.put(keys.dir_guard_key(parent), records.new_guard_value())
+        if self.env.paths is not None:  # the next walk's guess (see lookup.PathCache)
+            self.env.paths.found(parent, name, attr.inode)
 
     def delete_dentry(self, parent: int, name: str) -> None:
         self.txn.delete(keys.dentry_key(parent, name))
+        if self.env.paths is not None:
+            self.env.paths.found(parent, name, None)
 
     def entries(self, directory: int, start_after: str | None = None, limit: int | None = None):
         """(name, Dentry) pairs of a directory in name order."""

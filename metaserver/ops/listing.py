@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from emberfs.common import paths
 from emberfs.common.errors import NotADirectory
-from emberfs.metaserver import access, lookup
+from emberfs.metaserver import access, keys, lookup
 from emberfs.metaserver.opcontext import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
@@ -27,9 +27,11 @@ def list_dir(op: OpContext, req: meta_pb2.ListRequest) -> meta_pb2.ListResponse:
         raise NotADirectory(f"not a directory: {req.path}")
     access.check(directory, op.creds, access.READ | access.SEARCH, req.path)
     out = meta_pb2.ListResponse()
-    for name, entry in op.entries(directory.inode, req.start_after or None, limit + 1):
-        if len(out.entries) == limit:
-            out.more = True
-            break
+    page = list(op.entries(directory.inode, req.start_after or None, limit + 1))
+    if len(page) > limit:
+        out.more = True
+        del page[limit:]
+    op.txn.prefetch(keys.inode_key(entry.inode) for _, entry in page)  # together, where it counts
+    for name, entry in page:
         out.entries.add(name=name, attr=op.load_inode(entry.inode))
     return out

@@ -120,6 +120,8 @@ def batch_open(op: OpContext, req: meta_pb2.BatchOpenRequest) -> meta_pb2.BatchO
     included), so a client can open a list of files with one round trip.
     """
     out = meta_pb2.BatchOpenResponse()
+    if len(req.paths) <= stat.MAX_BATCH:
+        lookup.prefetch_paths(op, req.paths)
     stat.per_path(req.paths, lambda p: _open_for_read(op, p), out.results)
     return out
 

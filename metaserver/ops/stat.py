@@ -47,5 +47,7 @@ def per_path(paths, attr_of: Callable[[str], common_pb2.InodeAttr], results) -> 
 def batch_stat(op: OpContext, req: meta_pb2.BatchStatRequest) -> meta_pb2.BatchStatResponse:
     """Stat many paths in one call; each result has the attributes or an errno."""
     out = meta_pb2.BatchStatResponse()
+    if len(req.paths) <= MAX_BATCH:
+        lookup.prefetch_paths(op, req.paths)
     per_path(req.paths, lambda p: lookup.resolve(op, p, follow=req.follow).require(p), out.results)
     return out

@@ -117,6 +117,7 @@ def test_read_only_calls_store_nothing(ns):
 
 
 def test_window_prunes_old_results_per_client(ns, monkeypatch):
+    monkeypatch.setattr(idempotency, "PRUNE_EVERY_SHARED", 1)  # every store prunes
     window = 64
     monkeypatch.setattr(idempotency, "WINDOW", window)
     for rid in range(1, window + 40):
@@ -129,7 +130,8 @@ def test_window_prunes_old_results_per_client(ns, monkeypatch):
     assert keys.idempotent_key("client-b", 1) in idem_keys(ns)
 
 
-def test_results_past_the_retry_horizon_are_pruned_per_client(ns, clock):
+def test_results_past_the_retry_horizon_are_pruned_per_client(ns, clock, monkeypatch):
+    monkeypatch.setattr(idempotency, "PRUNE_EVERY_SHARED", 1)  # every store prunes
     for rid in range(1, 5):
         ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/a{rid}"))
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(1, "client-b"), path="/b"))
@@ -140,6 +142,7 @@ def test_results_past_the_retry_horizon_are_pruned_per_client(ns, clock):
 
 def test_pruning_seeks_to_the_first_kept_record(ns, monkeypatch):
     """Each store's prune scan starts where the last one stopped, not at the client's range start."""
+    monkeypatch.setattr(idempotency, "PRUNE_EVERY_SHARED", 1)  # every store prunes
     monkeypatch.setattr(idempotency, "WINDOW", 16)
     mine = keys.idempotent_prefix("client-a")
     starts = []
@@ -180,7 +183,8 @@ def test_prune_hints_only_advance_and_forget_idle_clients():
     assert (hints.first("a"), hints.first("b"), hints.first("c")) == (11, 0, 7)
 
 
-def test_pruning_a_record_at_the_largest_request_id(ns, clock):
+def test_pruning_a_record_at_the_largest_request_id(ns, clock, monkeypatch):
+    monkeypatch.setattr(idempotency, "PRUNE_EVERY_SHARED", 1)  # every store prunes
     top = idempotency.MAX_REQUEST_ID
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(top), path="/top"))
     clock.now += idempotency.RETRY_HORIZON_NS + 1
@@ -380,3 +384,15 @@ def test_a_retry_waits_for_its_first_attempt_still_running(store, clock):
     retry.join(10)
     assert cuts == [0]
     assert len(answers) == 2 and answers[0] == answers[1]
+
+
+def test_on_a_shared_store_one_store_in_eight_prunes_and_records_stay_bounded(ns, monkeypatch):
+    window = 32
+    monkeypatch.setattr(idempotency, "WINDOW", window)
+    for rid in range(1, 200):
+        ns.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/d{rid}"))
+        kept = len(idem_keys(ns))
+        every = idempotency.PRUNE_EVERY_SHARED if ns.engine.shared else 1
+        assert kept <= window + every, (rid, kept)
+    assert keys.idempotent_key("client-a", 199) in idem_keys(ns)
+    assert keys.idempotent_key("client-a", 100) not in idem_keys(ns)
