@@ -29,6 +29,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "mv": ("emberfs.cli.files", "main_mv", "rename or move"),
     "admin": ("emberfs.cli.admin", "main", "show and steer a cluster through its admin API"),
     "fsck": ("emberfs.cli.fsck", "main", "check a cluster's namespace and chunks (and repair)"),
+    "migrate": (
+        "emberfs.cli.migrate",
+        "main",
+        "copy a stopped cluster's metadata between RocksDB and etcd",
+    ),
     "bench": ("emberfs.cli.bench", "main", "benchmark throughput, latency and metadata rates"),
 }
 
