@@ -227,6 +227,8 @@ def show_status(c: dict, console: Console) -> None:
             f"{ns['sessions']} open for write",
         )
     t.add_row("gc pending", str(c["gc_pending"]))
+    if c.get("store", "rocksdb") != "rocksdb":
+        t.add_row("metadata", f"{c['store']} (leader {c.get('leader') or 'none yet'})")
     for d in c["drains"]:
         t.add_row(
             "drain",

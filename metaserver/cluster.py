@@ -464,8 +464,7 @@ class ClusterManager:
     @property
     def store_name(self) -> str:
         """The metadata store, as an operator names it: ``rocksdb`` or its etcd URL."""
-        settings = getattr(self.engine, "settings", None)
-        return settings.url if settings is not None else "rocksdb"
+        return self.engine.name
 
     @property
     def routing_version(self) -> int:

@@ -314,6 +314,10 @@ class EtcdEngine(KVEngine):
     def __repr__(self) -> str:
         return f"EtcdEngine({self.settings.url!r})"
 
+    @property
+    def name(self) -> str:
+        return self.settings.url
+
     # keys ------------------------------------------------------------------
     def full_key(self, key: bytes) -> bytes:
         """The etcd key of a metadata key."""

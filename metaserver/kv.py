@@ -106,6 +106,7 @@ class KVEngine(ABC):
 
     shared = False
     max_txn_ops: int | None = None
+    name = "memory"  # as an operator names the store (rocksdb, or an etcd URL)
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None: ...
@@ -494,6 +495,8 @@ class MemoryEngine(LocalEngine):
 
 class RocksEngine(LocalEngine):
     """RocksDB through rocksdict; every commit syncs the WAL before returning."""
+
+    name = "rocksdb"
 
     def __init__(self, path: str | Path, *, sync: bool = True):
         super().__init__()

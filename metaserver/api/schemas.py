@@ -167,6 +167,11 @@ class ClusterPublic(BaseModel):
     namespace: NamespaceCounts | None
     gc_pending: int
     drains: list[DrainPublic]
+    store: str = Field(description="the metadata store: rocksdb, or the etcd URL")
+    leader: str = Field(
+        description="the gRPC address of the metaserver that leads the cluster manager "
+        "(the one answering, unless this one was passed on to it)"
+    )
 
 
 class SessionPublic(BaseModel):

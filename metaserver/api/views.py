@@ -135,6 +135,8 @@ def cluster_summary(cluster: ClusterManager, gc: GCQueue, namespace: Any) -> sch
         namespace=counts,
         gc_pending=gc.count(),
         drains=drains(cluster, routing),
+        store=cluster.store_name,
+        leader=leader.address if (leader := cluster.leadership.leader()) is not None else "",
     )
 
 

@@ -175,6 +175,9 @@ def test_any_metaserver_serves_the_admin_api_and_lost_chunk_reports_reach_the_le
     assert mine["leader"]["id"] == theirs["id"] != mine["id"]
     assert mine["store"].startswith("etcd://")
     # the follower passes every /api/v1 call on to the leader: the nodes' heartbeats show
+    summary = get_json(cluster.admin_url_of(follower) + "/api/v1/cluster")
+    assert summary["leader"] == f"{cluster.host}:{cluster.meta_ports[leader]}"
+    assert summary["store"].startswith("etcd://") and summary["health"] == "healthy"
     nodes = get_json(cluster.admin_url_of(follower) + "/api/v1/nodes")
     assert len(nodes) == 3
     assert all(n["last_heartbeat_seconds"] is not None and n["up"] for n in nodes)
