@@ -773,7 +773,13 @@ class ClusterManager:
         every node is judged from now. The round starts once the cluster lock
         is held; heartbeats are noted without it, so a heartbeat waiting for
         the lock has already counted.
+
+        On a store that bounds its transactions (etcd), each silent node's
+        change is committed on its own, as if the nodes had gone one after
+        another: many nodes going at once (a rack) never make one change
+        larger than the store takes.
         """
+        went_offline = False
         with self._lock:
             if not self.leadership.leading():
                 return  # the leader judges
@@ -786,8 +792,12 @@ class ClusterManager:
                 if self.grace.silence(seen, now) > self.heartbeat_timeout:
                     for tid in self._node_targets(node_id):
                         self._timeout_target(tid, changes)
+                    if self.engine.max_txn_ops is not None and changes.targets:
+                        self._flush(changes)
+                        went_offline = True
+                        changes = _Changes()
             self._flush(changes)
-            went_offline = bool(changes.targets)
+            went_offline = went_offline or bool(changes.targets)
         if went_offline:
             self._tell_offline()
 

@@ -13,6 +13,7 @@ takes targets offline, besides the metaserver's periodic sweep.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ DEFAULT_GC_LIMIT = 256
 MAX_GC_LIMIT = 4096
 MAX_GC_ACKS = 10000
 MAX_GC_ID = 2**64 - 1
+FETCH_PAGE = 128  # queued items whose acknowledgements are read together
+ACK_WRITES_PER_ITEM = 8  # writes one acknowledgement may make: its own, then the item's finish
 
 
 @dataclass
@@ -135,20 +138,38 @@ class GCQueue:
         return True
 
     def fetch(self, req: cluster_pb2.FetchGCRequest) -> cluster_pb2.FetchGCResponse:
-        """Queued items on the chains of ``req.target_ids`` that one of them has not acked."""
+        """Queued items on the chains of ``req.target_ids`` that one of them has not acked.
+
+        The queue is read a page at a time, and each page's acknowledgements in
+        one go (one round trip on etcd rather than one per item and target).
+        """
         chains = self.cluster.chains_of(req.target_ids)
         limit = min(req.limit or DEFAULT_GC_LIMIT, MAX_GC_LIMIT)
         resp = cluster_pb2.FetchGCResponse()
         if not any(chains.values()):
             return resp
-        for item in self._scan():
-            members = set(item.chains)
-            for tid, cid in chains.items():
-                if cid in members and self.engine.get(keys.gc_ack_key(item.gc_id, tid)) is None:
-                    resp.items.append(item)
-                    break
-            if len(resp.items) >= limit:
+        items = self._scan()
+        while len(resp.items) < limit:
+            page = list(itertools.islice(items, FETCH_PAGE))
+            if not page:
                 break
+            txn = self.engine.transaction()
+            wanted = {
+                (item.gc_id, tid)
+                for item in page
+                for tid, cid in chains.items()
+                if cid in set(item.chains)
+            }
+            txn.prefetch(keys.gc_ack_key(g, t) for g, t in sorted(wanted))
+            for item in page:
+                if any(
+                    (item.gc_id, tid) in wanted
+                    and txn.get(keys.gc_ack_key(item.gc_id, tid)) is None
+                    for tid in chains
+                ):
+                    resp.items.append(item)
+                    if len(resp.items) >= limit:
+                        break
         return resp
 
     def queued(self, gc_ids: list[int]) -> None:
@@ -181,8 +202,9 @@ class GCQueue:
         if len(req.gc_ids) > MAX_GC_ACKS:
             raise errors.InvalidArgument(f"more than {MAX_GC_ACKS} acknowledgements at once")
 
-        def ack(txn: Transaction) -> None:
-            for gc_id in dict.fromkeys(req.gc_ids):
+        def ack(txn: Transaction, gc_ids: list[int]) -> None:
+            txn.prefetch(keys.gc_key(gc_id) for gc_id in gc_ids)
+            for gc_id in gc_ids:
                 raw = txn.get(keys.gc_key(gc_id))
                 if raw is None:
                     continue  # already gone: a repeated acknowledgement
@@ -192,8 +214,16 @@ class GCQueue:
                 txn.put(keys.gc_ack_key(gc_id, req.target_id), b"")
                 self._finish_if_done(txn, item)
 
+        # Items are acknowledged independently of each other: on a store that bounds its
+        # transactions, a few at a time (an item's finish deletes it and all its acks).
+        ids = list(dict.fromkeys(req.gc_ids))
+        step = len(ids) or 1
+        if self.engine.max_txn_ops is not None:
+            step = max(1, self.engine.max_txn_ops // ACK_WRITES_PER_ITEM)
         with self._lock:
-            run_transaction(self.engine, ack)
+            for i in range(0, len(ids), step):
+                part = ids[i : i + step]
+                run_transaction(self.engine, lambda txn, part=part: ack(txn, part))
         return cluster_pb2.AckGCResponse()
 
     def collect(self) -> int:

@@ -278,3 +278,18 @@ def test_restart_resumes_same_state_with_a_grace_period(three, engine, clock):
     reopened.check_timeouts()
     s = states(reopened)  # nodes a, b, c silent since the restart, d just registered
     assert (s[1], s[3], s[5], s[7]) == (OFFLINE, LASTSRV, OFFLINE, SERVING)
+
+
+def test_many_nodes_timing_out_at_once_fit_the_store_one_node_a_commit(store, clock):
+    """Thirty nodes of four targets (120 targets, some 38 chains) go silent at once: every
+    target goes offline, on etcd too, whose transactions take 128 writes."""
+    engine = store()
+    cm = manager(engine, clock)
+    for n in range(30):
+        register(cm, f"n{n:02d}", ids=(0, 0, 0, 0), port=7000 + 10 * n)
+    assert len(cm.routing().chains) >= 30
+    clock.now += 6.0  # past the heartbeat timeout, no heartbeat from anyone
+    cm.check_timeouts()
+    assert set(states(cm).values()) <= {OFFLINE, LASTSRV}
+    again = manager(engine, clock)  # what was stored is what memory said
+    assert states(again) == states(cm) and chains(again) == chains(cm)

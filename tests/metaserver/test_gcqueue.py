@@ -157,3 +157,28 @@ def test_gc_item_completes_when_the_missing_target_goes_offline(three, gc, engin
     three.check_timeouts()  # c (target 5) offline: it drops the chunks while resyncing
     assert engine.get(keys.gc_key(20)) is None
     assert gc.pending() == []
+
+
+def test_a_large_acknowledgement_goes_through_whatever_the_store_takes_in_a_commit(gc, engine):
+    """A storage server acknowledges up to 256 items in one AckGC; on etcd (128 writes a
+    transaction) they are recorded a few items a commit, and finished items go with their acks."""
+    item_ids = list(range(100, 400))
+    items = {
+        keys.gc_key(g): cluster_pb2.GCItem(gc_id=g, inode=g, chains=[1]).SerializeToString()
+        for g in item_ids
+    }
+    pairs = sorted(items.items())
+    for i in range(0, len(pairs), 100):
+        engine.write(dict(pairs[i : i + 100]))
+    gc.queued(item_ids)
+    for tid in (1, 3, 5):  # chain 1's members
+        fetched = [i.gc_id for i in gc.fetch(cluster_pb2.FetchGCRequest(target_ids=[tid])).items]
+        assert fetched == item_ids[:256]
+        gc.ack(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=fetched))
+    assert [p.item.gc_id for p in gc.pending()] == item_ids[256:]
+    assert list(engine.scan_prefix(keys.GC_ACK)) == []
+    for tid in (1, 3, 5):
+        rest = [i.gc_id for i in gc.fetch(cluster_pb2.FetchGCRequest(target_ids=[tid])).items]
+        assert rest == item_ids[256:]
+        gc.ack(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=rest))
+    assert gc.count() == 0
