@@ -2,19 +2,25 @@
 # Build the local base image emberfs-base:bookworm from Debian packages.
 #
 # For machines whose Docker engine cannot pull from a registry: debootstrap
-# makes a minimal Debian bookworm root file system with python3 and
-# python3-venv, and `docker import` turns it into an image. The Debian mirror
-# is read at run time from this machine's apt sources (one-line *.list files or
-# deb822 *.sources files), so no mirror host is written anywhere in the
-# repository.
+# makes a minimal Debian bookworm root file system with python3, python3-venv
+# and etcd (etcd-server, etcd-client: the same image runs the etcd members of
+# the HA cluster), and `docker import` turns it into an image. The Debian
+# mirror is read at run time from this machine's apt sources (one-line *.list
+# files or deb822 *.sources files), so no mirror host is written anywhere in
+# the repository.
 #
 # usage: deploy/base-image.sh [--force] [--image NAME] [--mirror URL]
 #
-# The image is reused when it already exists, unless --force is given.
+# The image is reused while it exists and was made by the same recipe (the
+# suite, the packages and the build steps below, whose digest the image
+# carries as the label org.emberfs.base-recipe); otherwise, or with --force,
+# it is built again.
 set -euo pipefail
 
 IMAGE="${EMBERFS_BASE_IMAGE:-emberfs-base:bookworm}"
 SUITE="bookworm"
+PACKAGES="python3,python3-venv,ca-certificates,etcd-server,etcd-client"
+RECIPE_LABEL="org.emberfs.base-recipe"
 FORCE=0
 MIRROR=""
 
@@ -33,11 +39,6 @@ while [[ $# -gt 0 ]]; do
 done
 
 log() { echo "[base-image] $*" >&2; }
-
-if [[ "$FORCE" -eq 0 ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
-    log "$IMAGE exists (use --force to rebuild)"
-    exit 0
-fi
 
 # Print the first Debian main archive URI found in the apt sources, or nothing.
 # A Debian main archive serves the suite "bookworm" (not bookworm-security or
@@ -82,6 +83,47 @@ find_mirror() {
     shopt -u nullglob
 }
 
+# The root file system in $1, from the mirror $2 (its log in $3).
+build_rootfs() {
+    local rootfs="$1" mirror="$2" logfile="$3"
+    debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$mirror" \
+        >"$logfile" 2>&1 || {
+        tail -n 30 "$logfile" >&2
+        echo "base-image.sh: debootstrap failed" >&2
+        return 1
+    }
+    # Keep the image small: package lists and caches are not needed at run time.
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+        "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/*
+}
+
+# Turn the root file system in $1 into the image $IMAGE, labelled with recipe $2.
+import_rootfs() {
+    tar -C "$1" -c . | docker import \
+        --change 'ENV LANG=C.UTF-8' \
+        --change 'CMD ["/bin/bash"]' \
+        --change "LABEL $RECIPE_LABEL=$2" \
+        - "$IMAGE" >/dev/null
+}
+
+# The digest of what makes the image: the suite, the packages, the build steps
+# (the function bodies, without comments), so that a changed recipe rebuilds it.
+recipe() {
+    { echo "$SUITE"; echo "$PACKAGES"; declare -f build_rootfs import_rootfs; } \
+        | sha256sum | cut -d' ' -f1
+}
+
+RECIPE="$(recipe)"
+OLD_ID="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
+if [[ -n "$OLD_ID" && "$FORCE" -eq 0 ]]; then
+    have="$(docker image inspect -f "{{index .Config.Labels \"$RECIPE_LABEL\"}}" "$IMAGE" || true)"
+    if [[ "$have" == "$RECIPE" ]]; then
+        log "$IMAGE exists (use --force to rebuild)"
+        exit 0
+    fi
+    log "$IMAGE was made by another recipe; building it again"
+fi
+
 if [[ -z "$MIRROR" ]]; then
     MIRROR="$(find_mirror | head -n 1)"
 fi
@@ -101,22 +143,14 @@ fi
 WORK="$(mktemp -d /tmp/emberfs-rootfs.XXXXXX)"
 cleanup() { rm -rf --one-file-system "$WORK"; }
 trap cleanup EXIT
-ROOTFS="$WORK/rootfs"
 
 start=$(date +%s)
-log "debootstrap $SUITE into $ROOTFS"
-debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-    "$SUITE" "$ROOTFS" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
-    tail -n 30 "$WORK/debootstrap.log" >&2
-    echo "base-image.sh: debootstrap failed" >&2
-    exit 1
-}
-# Keep the image small: package lists and caches are not needed at run time.
-rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* \
-    "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/*
+log "debootstrap $SUITE ($PACKAGES) into $WORK/rootfs"
+build_rootfs "$WORK/rootfs" "$MIRROR" "$WORK/debootstrap.log"
 log "importing as $IMAGE"
-tar -C "$ROOTFS" -c . | docker import \
-    --change 'ENV LANG=C.UTF-8' \
-    --change 'CMD ["/bin/bash"]' \
-    - "$IMAGE" >/dev/null
+import_rootfs "$WORK/rootfs" "$RECIPE"
+# The image it replaces, unless an image built on it still needs it.
+if [[ -n "$OLD_ID" && "$OLD_ID" != "$(docker image inspect -f '{{.Id}}' "$IMAGE")" ]]; then
+    docker rmi "$OLD_ID" >/dev/null 2>&1 || true
+fi
 log "done in $(( $(date +%s) - start )) s: $(docker image inspect -f '{{.Size}}' "$IMAGE") bytes"

@@ -5,8 +5,11 @@
 #
 # commands:
 #   build         base image (cached), wheels (cached), server image
-#   up            build, start the cluster, wait until every container is
-#                 healthy and the metaserver reports every target serving
+#   up [--ha]     build, start the cluster, wait until every container is
+#                 healthy and the metaserver reports every target serving;
+#                 --ha: the HA profile (docker-compose.ha.yml: three etcd
+#                 members, two metaservers on them), kept for the project
+#                 until 'down'; 'up' then also waits for a leader
 #   down          stop the cluster and remove its containers, network, volumes
 #   status        containers and targets
 #   logs [ARGS]   compose logs (e.g. logs -f storage1)
@@ -22,6 +25,9 @@
 #                                                                   [emberfs-base:bookworm]
 #   EMBERFS_META_PORT        metaserver gRPC port on 127.0.0.1      [9400]
 #   EMBERFS_ADMIN_PORT       admin API port on 127.0.0.1            [9401]
+#   EMBERFS_HA               1: the HA profile (as 'up --ha')       [0]
+#   EMBERFS_META2_PORT       metaserver2 gRPC port on 127.0.0.1 (HA) [9410]
+#   EMBERFS_ADMIN2_PORT      metaserver2 admin API port (HA)        [9411]
 #   EMBERFS_NET_PREFIX       /24 subnet of the cluster network, as three
 #                            octets; picked free when unset         [172.29.83 if free]
 #   EMBERFS_TARGETS          targets per storage server             [2]
@@ -33,7 +39,9 @@ DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$DEPLOY_DIR/.." && pwd)"
 CACHE="$DEPLOY_DIR/.cache"
 COMPOSE_FILE="$DEPLOY_DIR/docker-compose.yml"
+HA_FILE="$DEPLOY_DIR/docker-compose.ha.yml"
 STORAGE_SERVICES=(storage1 storage2 storage3)
+ETCD_SERVICES=(etcd1 etcd2 etcd3)
 
 PROJECT="${EMBERFS_COMPOSE_PROJECT:-emberfs}"
 BASE_IMAGE="${EMBERFS_BASE_IMAGE:-emberfs-base:bookworm}"
@@ -69,7 +77,25 @@ compose() {
         EMBERFS_ADMIN_TOKEN="$(cat "$SECRETS_DIR/admin.token")"
         export EMBERFS_ADMIN_TOKEN
     fi
-    "${COMPOSE_BIN[@]}" -p "$PROJECT" -f "$COMPOSE_FILE" "$@"
+    local files=(-f "$COMPOSE_FILE")
+    if ha; then files+=(-f "$HA_FILE"); fi
+    "${COMPOSE_BIN[@]}" -p "$PROJECT" "${files[@]}" "$@"
+}
+
+# Whether this cluster runs the HA profile (known after load_settings).
+ha() { [[ "${EMBERFS_HA:-0}" == 1 ]]; }
+
+# The metaservers, one "service host-gRPC-port host-admin-port last-octet" line each.
+metaservers() {
+    echo "metaserver $EMBERFS_META_PORT $EMBERFS_ADMIN_PORT 10"
+    if ha; then echo "metaserver2 $EMBERFS_META2_PORT $EMBERFS_ADMIN2_PORT 20"; fi
+}
+
+# Every service of this cluster, one a line.
+services() {
+    if ha; then printf '%s\n' "${ETCD_SERVICES[@]}"; fi
+    metaservers | cut -d' ' -f1
+    printf '%s\n' "${STORAGE_SERVICES[@]}"
 }
 
 # ---------------------------------------------------------------- locking
@@ -127,6 +153,9 @@ load_settings() {
     export EMBERFS_META_PORT="${EMBERFS_META_PORT:-9400}"
     export EMBERFS_ADMIN_PORT="${EMBERFS_ADMIN_PORT:-9401}"
     export EMBERFS_TARGETS="${EMBERFS_TARGETS:-2}"
+    export EMBERFS_HA="${EMBERFS_HA:-0}"
+    export EMBERFS_META2_PORT="${EMBERFS_META2_PORT:-9410}"
+    export EMBERFS_ADMIN2_PORT="${EMBERFS_ADMIN2_PORT:-9411}"
 }
 
 save_settings() {
@@ -138,6 +167,11 @@ save_settings() {
         echo "EMBERFS_NET_PREFIX=$EMBERFS_NET_PREFIX"
         echo "EMBERFS_TARGETS=$EMBERFS_TARGETS"
         echo "EMBERFS_INSECURE=${EMBERFS_INSECURE:-0}"
+        echo "EMBERFS_HA=$EMBERFS_HA"
+        if ha; then
+            echo "EMBERFS_META2_PORT=$EMBERFS_META2_PORT"
+            echo "EMBERFS_ADMIN2_PORT=$EMBERFS_ADMIN2_PORT"
+        fi
     } >"$STATE_FILE"
 }
 
@@ -257,7 +291,7 @@ write_client_config() {
     (
         umask 077
         {
-            echo "meta = \"127.0.0.1:$EMBERFS_META_PORT\""
+            echo "meta = \"$(meta_addresses)\""
             echo "admin = \"$(admin_url)\""
             if [[ "$EMBERFS_INSECURE" != 1 ]]; then
                 echo "token = \"$EMBERFS_ADMIN_TOKEN\""
@@ -274,18 +308,29 @@ write_client_config() {
 
 # ---------------------------------------------------------------- run
 
+# The admin API of the (first) metaserver, and of every metaserver as "service=URL".
 admin_url() { echo "http://127.0.0.1:$EMBERFS_ADMIN_PORT"; }
+admin_urls() { metaservers | awk '{ print $1 "=http://127.0.0.1:" $3 }'; }
+
+# The metaservers' gRPC addresses on this host, comma-separated (what clients are given).
+meta_addresses() { metaservers | awk '{ printf "%s127.0.0.1:%s", (NR > 1 ? "," : ""), $2 }'; }
 
 # Exit status 0 when the admin API lists at least $1 targets, all serving.
-# Prints a one-line summary either way.
+# Prints a one-line summary either way. The first metaserver that answers tells.
 targets_serving() {
-    URL="$(admin_url)/api/v1/targets" WANT="$1" "$PYTHON" - <<'EOF'
+    URLS="$(admin_urls)" WANT="$1" "$PYTHON" - <<'EOF'
 import json, os, sys, urllib.request
-try:
-    with urllib.request.urlopen(os.environ["URL"], timeout=3) as r:
-        body = json.load(r)
-except Exception as exc:  # not up yet
-    print(f"admin API: {exc}")
+errors = []
+for entry in os.environ["URLS"].split():
+    name, url = entry.split("=", 1)
+    try:
+        with urllib.request.urlopen(url + "/api/v1/targets", timeout=3) as r:
+            body = json.load(r)
+        break
+    except Exception as exc:  # not up yet, or stopped
+        errors.append(f"{name}: {exc}")
+else:
+    print(f"admin API: {'; '.join(errors)}")
     sys.exit(1)
 targets = body.get("targets", body) if isinstance(body, dict) else body
 states = [str(t.get("state", "")).lower() for t in targets]
@@ -294,10 +339,41 @@ sys.exit(0 if len(states) >= int(os.environ["WANT"]) and set(states) == {"servin
 EOF
 }
 
+# Exit status 0 when one metaserver leads and every other that answers names it
+# (with "all" as $1: and every metaserver answers). Prints a one-line summary either way.
+leader_known() {
+    URLS="$(admin_urls)" ALL="${1:-}" "$PYTHON" - <<'EOF'
+import json, os, sys, urllib.request
+views, down = {}, []
+for entry in os.environ["URLS"].split():
+    name, url = entry.split("=", 1)
+    try:
+        with urllib.request.urlopen(url + "/api/v1/leader", timeout=3) as r:
+            views[name] = json.load(r)
+    except Exception as exc:
+        down.append(f"{name}: {exc}")
+leading = [name for name, v in views.items() if v.get("leading")]
+named = {(v.get("leader") or {}).get("id") for v in views.values()}
+ok = len(leading) == 1 and named == {views[leading[0]]["id"]}
+ok = ok and not (os.environ["ALL"] == "all" and down)
+summary = "leader: none"
+if leading:
+    v = views[leading[0]]
+    summary = f"leader: {leading[0]} (term {v.get('term')})"
+followers = [name for name in views if name not in leading]
+if followers:
+    summary += f", following: {' '.join(followers)}"
+if down:
+    summary += f", not answering: {'; '.join(down)}"
+print(summary)
+sys.exit(0 if ok else 1)
+EOF
+}
+
 # Health of every service container, one "service status" line each.
 service_health() {
     local svc id status
-    for svc in metaserver "${STORAGE_SERVICES[@]}"; do
+    for svc in $(services); do
         id="$(compose ps -q "$svc" 2>/dev/null || true)"
         if [[ -z "$id" ]]; then
             status="missing"
@@ -315,8 +391,16 @@ wait_ready() {
         health="$(service_health)"
         if ! grep -qv ' running/healthy$' <<<"$health"; then
             if summary="$(targets_serving "$want")"; then
-                log "$summary"
-                return 0
+                if ! ha; then
+                    log "$summary"
+                    return 0
+                fi
+                local leader
+                if leader="$(leader_known all)"; then
+                    log "$summary; $leader"
+                    return 0
+                fi
+                summary="$summary; $leader"
             fi
         else
             summary="$(tr '\n' ' ' <<<"$health")"
@@ -334,6 +418,21 @@ wait_ready() {
 }
 
 cmd_up() {
+    local want_ha="${EMBERFS_HA:-}" saved_ha
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --ha) want_ha=1 ;;
+            *) die "up: unknown argument $1 (see --help)" ;;
+        esac
+        shift
+    done
+    # A project keeps its profile until 'down': the HA one has other services and stores.
+    saved_ha="$(sed -n 's/^EMBERFS_HA=//p' "$STATE_FILE" 2>/dev/null || true)"
+    if [[ -f "$STATE_FILE" && -n "$want_ha" && "$want_ha" != "${saved_ha:-0}" ]]; then
+        die "project $PROJECT runs $([[ "${saved_ha:-0}" == 1 ]] && echo with || echo without)" \
+            "the HA profile; take it down first ($0 down)"
+    fi
+    if [[ -n "$want_ha" ]]; then export EMBERFS_HA="$want_ha"; fi
     load_settings
     lock
     if [[ -z "${EMBERFS_NET_PREFIX:-}" ]]; then
@@ -343,8 +442,12 @@ cmd_up() {
     save_settings
     ensure_secrets
     cmd_build
+    if ha && ! docker run --rm --entrypoint etcd "$EMBERFS_IMAGE" --version >/dev/null 2>&1; then
+        die "the HA profile runs etcd from $EMBERFS_IMAGE, which has none (base $BASE_IMAGE);" \
+            "the base deploy/base-image.sh builds has it"
+    fi
     local t0=$SECONDS
-    log "starting project $PROJECT on ${EMBERFS_NET_PREFIX}.0/24"
+    log "starting project $PROJECT on ${EMBERFS_NET_PREFIX}.0/24$(if ha; then echo ' (HA profile)'; fi)"
     if ! compose up -d --no-build --quiet-pull 2>&1 | sed 's/^/[compose] /' >&2; then
         die "compose up failed"
     fi
@@ -357,10 +460,22 @@ cmd_up() {
     if [[ "$EMBERFS_INSECURE" == 1 ]]; then
         security="NONE (EMBERFS_INSECURE=1): anyone who reaches a port may do anything"
     fi
+    local servers svc port aport octet
+    if ha; then
+        servers="  etcd             ${EMBERFS_NET_PREFIX}.31:2379 (etcd1)  ${EMBERFS_NET_PREFIX}.32:2379 (etcd2)  ${EMBERFS_NET_PREFIX}.33:2379 (etcd3)"
+        while read -r svc port aport octet; do
+            servers+="
+  $(printf '%-16s' "$svc") gRPC 127.0.0.1:$port, admin API http://127.0.0.1:$aport/  (in the cluster network: ${EMBERFS_NET_PREFIX}.$octet:9400)"
+        done < <(metaservers)
+        servers+="
+  $(leader_known || true); either admin API serves the whole API (/docs, /api/v1/leader)"
+    else
+        servers="  metaserver gRPC  127.0.0.1:$EMBERFS_META_PORT  (in the cluster network: ${EMBERFS_NET_PREFIX}.10:9400)
+  admin API        $(admin_url)/  (/docs, /api/v1/targets, /metrics)"
+    fi
     cat <<EOF
 EmberFS cluster '$PROJECT' is up.
-  metaserver gRPC  127.0.0.1:$EMBERFS_META_PORT  (in the cluster network: ${EMBERFS_NET_PREFIX}.10:9400)
-  admin API        $(admin_url)/  (/docs, /api/v1/targets, /metrics)
+$servers
   storage servers  ${EMBERFS_NET_PREFIX}.11:9510  ${EMBERFS_NET_PREFIX}.12:9520  ${EMBERFS_NET_PREFIX}.13:9530
   security         $security
   client config    $CLIENT_CONFIG  (also $SECRETS_DIR/client.toml)
@@ -385,6 +500,7 @@ cmd_status() {
     compose ps
     service_health
     targets_serving $((${#STORAGE_SERVICES[@]} * EMBERFS_TARGETS)) || true
+    if ha; then leader_known || true; fi
 }
 
 cmd_compose() {
@@ -396,7 +512,7 @@ cmd_compose() {
 cmd_env() {
     load_settings
     echo "EMBERFS_COMPOSE_PROJECT=$PROJECT"
-    echo "EMBERFS_META=127.0.0.1:$EMBERFS_META_PORT"
+    echo "EMBERFS_META=$(meta_addresses)"
     echo "EMBERFS_ADMIN_URL=$(admin_url)"
     echo "EMBERFS_CLUSTER_KEY=$SECRETS_DIR/cluster.key"
     if [[ -s "$SECRETS_DIR/admin.token" ]]; then

@@ -89,8 +89,8 @@ class ComposeCluster:
                 Path(os.environ.get("TMPDIR", "/tmp")) / f"{project}-client.toml"
             ),
         )
-        self.env.pop("EMBERFS_NET_PREFIX", None)
-        self.env.pop("EMBERFS_INSECURE", None)
+        for setting in ("EMBERFS_NET_PREFIX", "EMBERFS_INSECURE", "EMBERFS_HA"):
+            self.env.pop(setting, None)
         self.keys: ClusterKeys | None = None
         self.meta = f"127.0.0.1:{self.meta_port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
