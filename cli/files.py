@@ -78,11 +78,14 @@ def _run(name: str, body: Callable[[], int | None], fs_holder: list) -> int:
     except OSError as exc:
         address = fs_holder[0].meta if fs_holder else "?"
         if exc.errno in (errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNREFUSED):
-            print(
-                f"emberfs {name}: cannot reach the EmberFS cluster at {address}: "
-                f"{exc.strerror or exc}",
-                file=sys.stderr,
+            detail = exc.strerror or str(exc)
+            # the cluster answered, but its metadata store (etcd) did not
+            where = (
+                ""
+                if "metadata store" in detail
+                else f"cannot reach the EmberFS cluster at {address}: "
             )
+            print(f"emberfs {name}: {where}{detail}", file=sys.stderr)
             return EXIT_UNREACHABLE
         where = f"{exc.filename}: " if exc.filename else ""
         what = exc.strerror or str(exc)

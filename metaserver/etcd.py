@@ -474,13 +474,23 @@ class EtcdEngine(KVEngine):
                 f"most {self.max_request_bytes - REQUEST_MARGIN} in one transaction"
             )
 
-    def txn(self, compares: list, puts: dict[bytes, bytes], deletes: set[bytes]) -> bool:
+    def txn(
+        self,
+        compares: list,
+        puts: dict[bytes, bytes],
+        deletes: set[bytes],
+        *,
+        timeout: float | None = None,
+    ) -> bool:
         """One etcd transaction: the writes if every compare holds; whether they were applied."""
         rpc, _ = _rpc()
         nbytes = sum(len(k) + len(v) for k, v in puts.items()) + sum(len(k) for k in deletes)
         self.check_size(len(compares), len(puts) + len(deletes), nbytes)
         resp = self.call(
-            "KV", "Txn", rpc.TxnRequest(compare=compares, success=self._ops(puts, deletes))
+            "KV",
+            "Txn",
+            rpc.TxnRequest(compare=compares, success=self._ops(puts, deletes)),
+            timeout=timeout,
         )
         return resp.succeeded
 

@@ -242,18 +242,16 @@ class EtcdLeadership(Leadership):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        reachable = self.leading()  # else etcd did not answer lately: the lease lapses by itself
         was = self._leading
         self._step_down("shutting down")
-        if was and self._value:
+        if was and self._value and reachable:
             try:
                 self._delete_own_key(self._value)
             except errors.EmberError as exc:
                 log.warning("could not give the leader key up: %s", exc)
-        if self._lease:
-            try:
-                self._revoke(self._lease)
-            except errors.EmberError:
-                pass
+        if self._lease and reachable:
+            self._revoke(self._lease)
 
     def wait_known(self, timeout: float) -> bool:
         """Block until this metaserver leads or knows who does (at most ``timeout`` seconds).
@@ -411,6 +409,8 @@ class EtcdLeadership(Leadership):
         if not value:
             return
         try:
-            self.engine.commit({keys.LEADER: value}, {}, {keys.LEADER})
+            self.engine.txn(
+                self.engine.value_compares({keys.LEADER: value}), {}, {keys.LEADER}, timeout=2
+            )
         except Conflict:
-            pass  # it holds another value now: not ours to delete
+            pass  # compacted or the like: the lease takes it

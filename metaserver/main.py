@@ -296,6 +296,8 @@ def _sweep_loop(
             waited[i] = 0.0
             try:
                 job()
+            except errors.Unavailable as exc:  # the store is away: the next turn tries again
+                log.warning("%s failed: %s", name, exc)
             except Exception:
                 log.exception("%s failed", name)
 
