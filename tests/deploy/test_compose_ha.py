@@ -34,6 +34,7 @@ from tests.deploy.test_compose import (
     _project_leftovers,
     _wait_until,
 )
+from tests.load import WriteReadLoad
 
 METASERVERS = ("metaserver", "metaserver2")
 ETCD_SERVICES = ("etcd1", "etcd2", "etcd3")
@@ -188,10 +189,6 @@ def ha_cluster():
             print(f"cluster.sh down failed: {r.stderr}")
 
 
-def _content(name: str, size: int) -> bytes:
-    return (name.encode() * (size // len(name) + 1))[:size]
-
-
 def test_ha_cluster_up_with_a_leader_and_host_clients(ha_cluster: HAComposeCluster):
     c = ha_cluster
     for service in (*ETCD_SERVICES, *METASERVERS, *STORAGE_SERVICES):
@@ -241,53 +238,16 @@ def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(
 ):
     c = ha_cluster
     fs = c.fs(retry_timeout=60)
-    errors: list[BaseException] = []
-    written: dict[str, tuple[str, int]] = {}  # path -> (name its content was made of, size)
-    stop = threading.Event()
-    lock = threading.Lock()
-
-    def writer(w: int) -> None:
-        i = 0
-        while not stop.is_set():
-            name, size = f"/failover/w{w}/f{i}", 64 * 1024 * (1 + i % 7)
-            path = name
-            try:
-                fs.pipe_file(path, _content(name, size))
-                if i % 5 == 4:
-                    fs.mv(path, path + ".moved")
-                    path += ".moved"
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-                return
-            with lock:
-                written[path] = (name, size)
-            i += 1
-
-    def reader() -> None:
-        while not stop.is_set():
-            with lock:
-                items = list(written.items())[-20:]
-            for path, (name, size) in items:
-                try:
-                    assert fs.cat_file(path) == _content(name, size), path
-                    assert fs.info(path)["size"] == size, path
-                except BaseException as exc:  # reported below
-                    errors.append(exc)
-                    return
-            time.sleep(0.05)
-
+    load = WriteReadLoad(fs, "/failover")
     watch = TargetWatch(c)
-    threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(2)]
-    threads.append(threading.Thread(target=reader, daemon=True))
     victim_service = victim = None
     try:
         big = os.urandom(40 * MiB)
         fs.pipe_file("/failover/big.bin", big)
         handle = fs.open("/failover/big.bin", "rb")
         first = handle.read(8 * MiB)
-        for t in threads:
-            t.start()
-        _wait_until(lambda: len(written) >= 10 or bool(errors), 60, "the first writes")
+        load.start()
+        _wait_until(lambda: len(load) >= 10 or bool(load.errors), 60, "the first writes")
         leader = c.wait_leader()
         survivor = next(m for m in METASERVERS if m != leader)
         victim_service, victim = leader, c.container(leader)
@@ -299,10 +259,9 @@ def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(
         print(f"\nfailover after kill -9 of {leader}: {failover:.2f} s to {survivor}")
 
         # The clients go on with the survivor, and the storage servers heartbeat to it.
-        with lock:
-            at_failover = len(written)
+        at_failover = len(load)
         _wait_until(
-            lambda: len(written) >= at_failover + 20 or bool(errors), 60, "writes on the survivor"
+            lambda: len(load) >= at_failover + 20 or bool(load.errors), 60, "writes on the survivor"
         )
         _wait_until(
             lambda: all(
@@ -331,32 +290,23 @@ def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(
             f"{leader} to follow {survivor}",
         )
         victim = None
-        with lock:
-            at_rejoin = len(written)
+        at_rejoin = len(load)
         _wait_until(
-            lambda: len(written) >= at_rejoin + 10 or bool(errors), 60, "writes after the rejoin"
+            lambda: len(load) >= at_rejoin + 10 or bool(load.errors), 60, "writes after the rejoin"
         )
         assert c.leader() == survivor
-        stop.set()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads), "a client hung"
-        assert not errors, f"{len(errors)} errors reached the application: {errors[:3]!r}"
+        load.stop()
+        load.verify()  # no error reached the application, every acknowledged write reads back
         assert first + rest == big
-        assert len(written) > at_failover + 30
-        for path, (name, size) in written.items():  # every acknowledged write
-            assert fs.cat_file(path) == _content(name, size), path
+        assert len(load) > at_failover + 30
         watch.close()
         assert watch.polls > 10
         assert not watch.not_serving, f"targets left the serving state: {watch.not_serving[:5]}"
         assert failover < 15
-        print(f"{len(written)} acknowledged writes read back, {at_failover} before the kill")
+        print(f"{len(load)} acknowledged writes read back, {at_failover} before the kill")
     finally:
-        stop.set()
+        load.stop()
         watch.close()
-        for t in threads:
-            if t.is_alive():
-                t.join(60)
         fs.close()
         if victim is not None:  # the next tests need both metaservers, even after a failure
             c.docker("start", victim)

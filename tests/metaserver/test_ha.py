@@ -20,6 +20,7 @@ import pytest
 
 from emberfs.client.fs import EmberFileSystem
 from emberfs.proto import common_pb2
+from tests.load import WriteReadLoad
 
 MiB = 1 << 20
 
@@ -71,59 +72,19 @@ class RoutingWatch:
         self.thread.join(10)
 
 
-def _content(name: str, size: int) -> bytes:
-    return (name.encode() * (size // len(name) + 1))[:size]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(private_cluster):
     cluster = private_cluster(kv="etcd", metaservers=2)
     fs = EmberFileSystem(cluster.meta_addresses, skip_instance_cache=True, retry_timeout=60)
     watch = RoutingWatch(cluster)
-    errors: list[BaseException] = []
-    written: dict[str, tuple[str, int]] = {}  # path -> (name its content was made of, size)
-    stop = threading.Event()
-    lock = threading.Lock()
-
-    def writer(w: int) -> None:
-        i = 0
-        while not stop.is_set():
-            name, size = f"/ha/w{w}/f{i}", 64 * 1024 * (1 + i % 7)
-            path = name
-            try:
-                fs.pipe_file(path, _content(name, size))
-                if i % 5 == 4:
-                    fs.mv(path, path + ".moved")
-                    path += ".moved"
-            except BaseException as exc:
-                errors.append(exc)
-                return
-            with lock:
-                written[path] = (name, size)
-            i += 1
-
-    def reader() -> None:
-        while not stop.is_set():
-            with lock:
-                items = list(written.items())[-20:]
-            for path, (name, size) in items:
-                try:
-                    assert fs.cat_file(path) == _content(name, size), path
-                    fs.info(path)
-                except BaseException as exc:
-                    errors.append(exc)
-                    return
-
+    load = WriteReadLoad(fs, "/ha")
     try:
         big = os.urandom(48 * MiB)
         fs.pipe_file("/ha/big.bin", big)
         handle = fs.open("/ha/big.bin", "rb")
         first = handle.read(8 * MiB)
-        threads = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
-        threads.append(threading.Thread(target=reader))
-        for t in threads:
-            t.start()
+        load.start()
         time.sleep(2)
         leader = cluster.leader()
         killed_at = time.monotonic()
@@ -141,21 +102,17 @@ def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(private_c
         assert cluster.leader(timeout=30) == leader
         second_failover = time.monotonic() - killed_again
         time.sleep(2)
-        stop.set()
-        for t in threads:
-            t.join(60)
+        load.stop()
         handle.close()
-        assert not errors, errors[:3]
+        load.verify()  # no error reached the application, every acknowledged write reads back
         assert first + rest == big
-        assert len(written) > 20
-        for path, (name, size) in written.items():  # every acknowledged write
-            assert fs.cat_file(path) == _content(name, size), path
+        assert len(load) > 20
         assert failover < 10 and second_failover < 10, (failover, second_failover)
         assert not watch.not_serving, watch.not_serving[:5]
         assert not watch.went_back
         print(f"failover after kill -9: {failover:.2f} s, then {second_failover:.2f} s")
     finally:
-        stop.set()
+        load.stop()
         watch.close()
         fs.close()
 
