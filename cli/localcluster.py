@@ -51,6 +51,9 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+_HANDED_OUT: set[int] = set()  # ports this process picked: never picked twice
+
+
 def free_port(host: str = "127.0.0.1", count: int = 1, avoid: Set[int] = frozenset()) -> int:
     """The first of ``count`` consecutive ports that are free now, none of them in ``avoid``.
 
@@ -58,6 +61,8 @@ def free_port(host: str = "127.0.0.1", count: int = 1, avoid: Set[int] = frozens
     that no outgoing connection (a client's, or a server's to its peers) takes
     one as its source port between this pick and the bind of the server it is
     for. Where the range leaves no room for that, the kernel picks (bind to 0).
+    A port is handed out once per process, so that clusters made one after
+    another before any of them binds (two side by side) never share one.
     """
     low, high = _ephemeral_range()
     spans = [
@@ -73,8 +78,9 @@ def free_port(host: str = "127.0.0.1", count: int = 1, avoid: Set[int] = frozens
                 s.bind((host, 0))
                 first = s.getsockname()[1]
         ports = range(first, first + count)
-        if ports[-1] <= 65535 and avoid.isdisjoint(ports):
+        if ports[-1] <= 65535 and avoid.isdisjoint(ports) and _HANDED_OUT.isdisjoint(ports):
             if all(_bindable(host, port) for port in ports):
+                _HANDED_OUT.update(ports)
                 return first
     raise RuntimeError(f"no {count} consecutive free ports on {host}")
 

@@ -212,3 +212,15 @@ def test_free_ports_lie_outside_the_ephemeral_range_and_avoid_the_ones_taken(tmp
     # A range that leaves no room outside it: the kernel picks, still avoiding the ones taken.
     ephemeral.write_text("1024 65535\n")
     assert free_port(avoid=taken) not in taken
+
+
+def test_clusters_made_before_either_binds_never_share_a_port(tmp_path):
+    """Two clusters side by side (benchmarks.compare's authentication cost) pick their ports
+    before either starts: no port may be picked twice."""
+    clusters = [localcluster.LocalCluster(tmp_path / str(i), insecure=True) for i in range(40)]
+    ports = []
+    for c in clusters:
+        ports += [c.meta_port, c.admin_port]
+        for port in c.storage_ports:
+            ports += [port, port + 1, port + 2]
+    assert len(ports) == len(set(ports))
