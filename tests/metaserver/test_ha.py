@@ -159,6 +159,13 @@ def test_any_metaserver_serves_the_admin_api_and_lost_chunk_reports_reach_the_le
             ),
         )
         assert resp.accepted  # forwarded to the leader, which queues it for a check
+        # fsck through the follower: the leader checks the namespace in etcd and every replica
+        with urllib.request.urlopen(
+            cluster.admin_url_of(follower) + "/api/v1/fsck?deep=true", timeout=60
+        ) as answer:
+            lines = [json.loads(line) for line in answer.read().splitlines() if line.strip()]
+        assert [line for line in lines if "finding" in line] == []
+        assert lines[-1]["summary"]["files"] >= 1 and lines[-1]["summary"]["chunks"] >= 1
     finally:
         fs.close()
 
