@@ -396,3 +396,27 @@ def test_on_a_shared_store_one_store_in_eight_prunes_and_records_stay_bounded(ns
         assert kept <= window + every, (rid, kept)
     assert keys.idempotent_key("client-a", 199) in idem_keys(ns)
     assert keys.idempotent_key("client-a", 100) not in idem_keys(ns)
+
+
+def test_a_retry_on_another_metaserver_of_the_store_is_applied_once(store, clock):
+    """Two metaservers on one store (etcd): a client whose metaserver died retries on the
+    other with the same request ids, and gets the first answers back; nothing is done twice."""
+    engine = store()
+    first = Namespace(engine, chain_table=lambda: [1, 2, 3], clock=clock)
+    other = Namespace(engine, chain_table=lambda: [1, 2, 3], clock=clock)
+    made = first.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f"))
+    moved = first.rename(meta_pb2.RenameRequest(ctx=ctx(2), src="/f", dst="/g"))
+    gone = first.remove(meta_pb2.RemoveRequest(ctx=ctx(3), path="/g"))
+    assert other.create(meta_pb2.CreateRequest(ctx=ctx(1), path="/f")) == made
+    assert other.rename(meta_pb2.RenameRequest(ctx=ctx(2), src="/f", dst="/g")) == moved
+    assert other.remove(meta_pb2.RemoveRequest(ctx=ctx(3), path="/g")) == gone
+    assert other.list(meta_pb2.ListRequest(path="/")).entries == []
+    assert [k for k, _ in engine.scan_prefix(keys.GC)] == [keys.gc_key(made.attr.inode)]
+    # a request the first one never answered runs on the other, once
+    batch = meta_pb2.BatchRemoveRequest(ctx=ctx(10), paths=["/x", "/y"])
+    for path in ("/x", "/y"):
+        other.create(meta_pb2.CreateRequest(path=path))
+    assert [r.removed for r in other.batch_remove(batch).results] == [1, 1]
+    assert [r.removed for r in first.batch_remove(batch).results] == [1, 1]
+    if engine.shared:  # counts kept in the store: every metaserver sees the same (none left)
+        assert other.counts()["files"] == first.counts()["files"] == 0
