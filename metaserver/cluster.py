@@ -233,7 +233,7 @@ class ClusterManager:
         self._routing_version: int = state["_routing_version"]
         self._drains: dict[int, int] = state["_drains"]
         self._fenced: set[int] = state["_fenced"]
-        self._routing_cache = self._build_routing()
+        self._rebuild_routing()
         self._dirty = False
         self._loaded_at = self.clock()
         self._usage_pending = set()  # memory holds the stored figures again
@@ -258,9 +258,10 @@ class ClusterManager:
         self._finish_drains(changes)
         if not (changes.bumps_routing or changes.usage or changes.admin):
             return
-        if self.engine.shared and not (changes.bumps_routing or changes.admin):
+        usage_only = not (changes.bumps_routing or changes.admin)
+        if self.engine.shared and usage_only:
             self._usage_pending |= changes.usage
-            self._routing_cache = self._build_routing()
+            self._routing_usage(changes.usage)
             self._usage_wake.set()
             return
         changes.usage |= self._usage_pending
@@ -297,7 +298,10 @@ class ClusterManager:
             self._reload_after_failure()
             raise
         self._routing_version = version
-        self._routing_cache = self._build_routing()
+        if usage_only:
+            self._routing_usage(changes.usage)  # every heartbeat while data is written: no rebuild
+        else:
+            self._rebuild_routing()
         self._usage_pending -= changes.usage
 
     def _write_usage(self) -> None:
@@ -482,7 +486,7 @@ class ClusterManager:
             used = sum(t.used for t in self._targets.values())
             return capacity, used
 
-    def _build_routing(self) -> common_pb2.RoutingInfo:
+    def _rebuild_routing(self) -> None:
         """The routing info of the state in memory (made once it is the stored state)."""
         info = common_pb2.RoutingInfo(version=self._routing_version)
         for tid in sorted(self._targets):
@@ -495,7 +499,19 @@ class ClusterManager:
         for cid in sorted(self._chains):
             c = self._chains[cid]
             info.chains.add(chain_id=cid, version=c.version, targets=c.targets)
-        return info
+        self._routing_cache = info
+        self._routing_position = {t.target_id: i for i, t in enumerate(info.targets)}
+
+    def _routing_usage(self, target_ids: set[int]) -> None:
+        """Bring the usage figures of ``target_ids`` in the routing info up to memory's."""
+        for tid in target_ids:
+            i = self._routing_position.get(tid)
+            if i is None:  # a target the routing does not show yet: the whole of it anew
+                self._rebuild_routing()
+                return
+            shown, info = self._routing_cache.targets[i], self._targets[tid]
+            shown.capacity, shown.used = info.capacity, info.used
+            shown.chunks, shown.full = info.chunks, info.full
 
     def routing(self) -> common_pb2.RoutingInfo:
         """A copy of the routing info as last stored: every target and chain, and the version."""
