@@ -222,10 +222,9 @@ class EtcdClient:
         """``service.method(request)`` on the first endpoint that answers; the response.
 
         ``stream``: a streaming method, sent ``request`` alone; its first answer
-        is the response. Raises the endpoint's ``grpc.RpcError`` for a failure
-        another endpoint would not cure, and
-        :class:`~emberfs.common.errors.Unavailable` when no endpoint answered
-        before the deadline.
+        is the response. A failure another endpoint would not cure raises its
+        typed error (:func:`store_error`); no endpoint answering before the
+        deadline raises :class:`~emberfs.common.errors.Unavailable`.
         """
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         start = self._current
@@ -247,7 +246,7 @@ class EtcdClient:
                     response = fn(request, timeout=left)
             except grpc.RpcError as exc:
                 if exc.code() not in _FAILOVER_CODES:
-                    raise
+                    raise store_error(exc) from None
                 last = exc
                 attempt += 1
                 if attempt % n == 0:
@@ -327,20 +326,9 @@ class EtcdEngine(KVEngine):
         return key[len(self.prefix) :]
 
     # calls -----------------------------------------------------------------
-    def call(
-        self,
-        service: str,
-        method: str,
-        request,
-        *,
-        timeout: float | None = None,
-        stream: bool = False,
-    ):
-        """One etcd call, its failures typed (see :func:`store_error`)."""
-        try:
-            return self.client.call(service, method, request, timeout=timeout, stream=stream)
-        except grpc.RpcError as exc:
-            raise store_error(exc) from None
+    def call(self, service: str, method: str, request, **options):
+        """One etcd call (see :meth:`EtcdClient.call`; its failures typed)."""
+        return self.client.call(service, method, request, **options)
 
     def read(self, key: bytes, revision: int = 0):
         """``(value or None, mod_revision, store revision)`` of ``key`` (at ``revision``, 0: now).
