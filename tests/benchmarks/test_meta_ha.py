@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 meta_ha = importlib.import_module("benchmarks.meta_ha")
+from tests.benchmarks.test_bench_smoke import _run  # noqa: E402
 
 SETUPS = {"rocksdb", "etcd", "etcd2"}
 FORMS = {"1x1", "8x1", "8x2"}
@@ -71,28 +70,8 @@ def test_meta_ha_quick(tmp_path):
         "--workdir",
         str(tmp_path / "work"),
     ]
-    env = dict(os.environ)
-    env.pop("EMBERFS_META", None)
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=360)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: it stops the clusters it started, then exits
-        try:
-            stdout, stderr = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        pytest.fail(f"{argv} timed out:\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
+    proc = _run(argv, timeout=360)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     assert doc["config"]["quick"] is True
     # nothing is left behind
@@ -147,4 +126,4 @@ def test_meta_ha_quick(tmp_path):
     assert size["keys_per_file"]["INOD"] >= 1 and size["keys_per_file"]["DENT"] >= 1
 
     for heading in ("metadata rates per second", "failover: kill -9", "etcd database"):
-        assert heading in stdout
+        assert heading in proc.stdout
