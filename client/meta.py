@@ -374,8 +374,9 @@ class MetaClient:
         req = meta_pb2.RenameRequest(ctx=self.context(), src=src, dst=dst, no_replace=no_replace)
         return self.meta("Rename", req, src).attr
 
-    def truncate(self, path: str, length: int) -> common_pb2.InodeAttr:
-        req = meta_pb2.TruncateRequest(ctx=self.context(), path=path, length=length)
+    def truncate(self, path: str, length: int, inode: int = 0) -> common_pb2.InodeAttr:
+        """Set the length of the file at ``path``, or of inode ``inode`` (``path`` names it)."""
+        req = meta_pb2.TruncateRequest(ctx=self.context(), path=path, length=length, inode=inode)
         return self.meta("Truncate", req, path).attr
 
     def setattr(self, path: str, **fields) -> common_pb2.InodeAttr:
@@ -385,6 +386,11 @@ class MetaClient:
     def symlink(self, path: str, target: str) -> common_pb2.InodeAttr:
         req = meta_pb2.SymlinkRequest(ctx=self.context(), path=path, target=target)
         return self.meta("Symlink", req, path).attr
+
+    def hardlink(self, src: str, dst: str) -> common_pb2.InodeAttr:
+        """A second name ``dst`` for the file ``src``."""
+        req = meta_pb2.HardlinkRequest(ctx=self.context(), src=src, dst=dst)
+        return self.meta("Hardlink", req, dst).attr
 
     def statfs(self) -> meta_pb2.StatFsResponse:
         return self.meta("StatFs", meta_pb2.StatFsRequest(ctx=self.context()))

@@ -390,14 +390,16 @@ class HardlinkResponse(_message.Message):
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
 class TruncateRequest(_message.Message):
-    __slots__ = ("ctx", "path", "length")
+    __slots__ = ("ctx", "path", "length", "inode")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     path: str
     length: int
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+    inode: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., length: _Optional[int] = ..., inode: _Optional[int] = ...) -> None: ...
 
 class TruncateResponse(_message.Message):
     __slots__ = ("attr",)
@@ -406,20 +408,22 @@ class TruncateResponse(_message.Message):
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
 class SetAttrRequest(_message.Message):
-    __slots__ = ("ctx", "path", "mode", "uid", "gid", "mtime_ns")
+    __slots__ = ("ctx", "path", "mode", "uid", "gid", "mtime_ns", "no_follow")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    NO_FOLLOW_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     path: str
     mode: int
     uid: int
     gid: int
     mtime_ns: int
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+    no_follow: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., no_follow: _Optional[bool] = ...) -> None: ...
 
 class SetAttrResponse(_message.Message):
     __slots__ = ("attr",)

@@ -11,7 +11,10 @@ from emberfs.proto import meta_pb2
 
 
 def setattr_(op: OpContext, req: meta_pb2.SetAttrRequest) -> meta_pb2.SetAttrResponse:
-    """Change the attributes set in the request on ``path`` (a final symlink is followed).
+    """Change the attributes set in the request on ``path``.
+
+    A final symlink is followed, unless ``no_follow`` asks to change the symlink
+    itself (``lchown``, ``utimensat`` with ``AT_SYMLINK_NOFOLLOW``, a FUSE mount).
 
     Rules as in POSIX: only the owner or uid 0 may change the mode (bits
     beyond 0o7777 are ignored; a non-root owner outside the file's group
@@ -20,7 +23,7 @@ def setattr_(op: OpContext, req: meta_pb2.SetAttrRequest) -> meta_pb2.SetAttrRes
     Refusals raise NotPermitted; nothing is applied unless every change is
     allowed.
     """
-    attr = lookup.resolve(op, req.path, follow=True).require(req.path)
+    attr = lookup.resolve(op, req.path, follow=not req.no_follow).require(req.path)
     creds = op.creds
     if req.HasField("uid") and req.uid != attr.uid and not creds.is_root:
         raise NotPermitted("only uid 0 may change the owner")

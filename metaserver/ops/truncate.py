@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from emberfs.common import extents
-from emberfs.common.errors import InvalidArgument, IsADirectory
+from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
 from emberfs.metaserver import access, lookup
 from emberfs.metaserver.opcontext import OpContext
 from emberfs.metaserver.ops import sessions
@@ -13,13 +13,21 @@ from emberfs.proto import common_pb2, meta_pb2
 def truncate(op: OpContext, req: meta_pb2.TruncateRequest) -> meta_pb2.TruncateResponse:
     """Grow or shrink the file at ``path`` (a final symlink is followed) to ``length``.
 
+    With ``inode`` set the file is that inode (an open file that may have been
+    renamed or unlinked since; ``path`` only names it in errors).
+
     Needs write permission. Shrinking commits the new length with a pending
     cut of the chunks, which the namespace has storage make once this has
     committed (:mod:`emberfs.metaserver.cuts`); growing records the new length
     with a hole that reads as zeros, once no cut is pending.
     """
     sessions.validate_length(req.length)
-    attr = lookup.resolve(op, req.path, follow=True).require(req.path)
+    if req.inode:
+        attr = op.get_inode(req.inode)
+        if attr is None:
+            raise NotFound(f"no inode {req.inode}")
+    else:
+        attr = lookup.resolve(op, req.path, follow=True).require(req.path)
     if attr.type == common_pb2.DIRECTORY:
         raise IsADirectory(f"is a directory: {req.path}")
     if attr.type != common_pb2.FILE:

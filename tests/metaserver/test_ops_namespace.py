@@ -506,3 +506,38 @@ def test_a_batched_truncating_open_makes_its_cut_durable_before_storage_cuts():
     ).results
     assert result.opened.attr.size == 0
     assert "cut" in events and "sync" in events[: events.index("cut")], events
+
+
+def test_setattr_no_follow_changes_the_symlink_itself(store):
+    ns = Namespace(store(), chain_table=lambda: [1])
+    ns.create(meta_pb2.CreateRequest(path="/f", mode=0o644))
+    ns.symlink(meta_pb2.SymlinkRequest(path="/l", target="/f"))
+    ns.symlink(meta_pb2.SymlinkRequest(path="/dangling", target="/nowhere"))
+    before = stat(ns, "/f")
+    link = ns.setattr(meta_pb2.SetAttrRequest(path="/l", mtime_ns=777, no_follow=True)).attr
+    assert link.type == common_pb2.SYMLINK and link.mtime_ns == 777
+    assert stat(ns, "/f").mtime_ns == before.mtime_ns
+    assert ns.setattr(meta_pb2.SetAttrRequest(path="/l", mtime_ns=5)).attr.inode == before.inode
+    assert ns.setattr(
+        meta_pb2.SetAttrRequest(path="/dangling", uid=3, no_follow=True)
+    ).attr.uid == 3
+    with pytest.raises(errors.NotFound):
+        ns.setattr(meta_pb2.SetAttrRequest(path="/dangling", uid=3))
+
+
+def test_truncate_by_inode_reaches_a_renamed_or_unlinked_open_file(store):
+    storage = Storage()
+    storage.up = True
+    ns = Namespace(store(), chain_table=lambda: [1], truncate_chunks=storage.cut)
+    opened = ns.open(
+        meta_pb2.OpenRequest(path="/f", flags=meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE)
+    )
+    inode = opened.attr.inode
+    ns.rename(meta_pb2.RenameRequest(src="/f", dst="/g"))
+    attr = ns.truncate(meta_pb2.TruncateRequest(path="/f", inode=inode, length=4096)).attr
+    assert attr.inode == inode and attr.size == 4096 and stat(ns, "/g").size == 4096
+    ns.remove(meta_pb2.RemoveRequest(path="/g"))  # its write session keeps the inode
+    assert ns.truncate(meta_pb2.TruncateRequest(inode=inode, length=10)).attr.size == 10
+    ns.close(meta_pb2.CloseRequest(inode=inode, session_id=opened.session_id))
+    with pytest.raises(errors.NotFound):
+        ns.truncate(meta_pb2.TruncateRequest(inode=inode, length=0))
