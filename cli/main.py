@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "copy a stopped cluster's metadata between RocksDB and etcd",
     ),
+    "mount": ("emberfs.cli.mount", "main", "mount EmberFS as a file system (FUSE)"),
+    "umount": ("emberfs.cli.mount", "main_umount", "unmount an EmberFS mount"),
     "bench": ("emberfs.cli.bench", "main", "benchmark throughput, latency and metadata rates"),
 }
 

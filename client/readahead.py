@@ -29,6 +29,7 @@ block buffer and being copied again.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, wait
 from typing import Protocol
 
@@ -306,3 +307,145 @@ class ReadaheadCache(BaseCache):
 
 
 register_cache(ReadaheadCache, clobber=True)
+
+
+class _Shared:
+    """A block of :class:`SharedReadahead`: its fetch and the readers copying out of it."""
+
+    __slots__ = ("fut", "users", "dropped")
+
+    def __init__(self, fut: Future) -> None:
+        self.fut = fut
+        self.users = 0
+        self.dropped = False
+
+
+class SharedReadahead:
+    """Readahead of one open file for reads that arrive from several threads at once.
+
+    A FUSE mount's kernel sends the reads of one sequential reader from
+    several threads, so they arrive slightly out of order and overlap in
+    time; :class:`ReadaheadCache` expects one caller. Here a read counts as
+    sequential when it starts near the furthest byte read so far (within the
+    blocks kept behind it, or one block past it), and then the blocks after it
+    are fetched ahead, the window doubling with every sequential read up to
+    ``depth`` blocks. Blocks in flight are shared by every read that wants
+    them; a block is given back to the reader only when no read is still
+    copying out of it. Ranges not in flight are fetched straight into the
+    caller's buffer.
+
+    Parameters
+    ----------
+    reader : BlockReader
+    blocksize : int
+        The file's chunk size.
+    size : int
+        The file's size (reads stop there); :meth:`resize` changes it.
+    depth : int
+        Most blocks fetched ahead.
+    """
+
+    BEHIND = 2  # blocks kept behind the furthest read, for reads that arrive late
+
+    def __init__(self, reader: BlockReader, blocksize: int, size: int, depth: int = 8) -> None:
+        self.reader = reader
+        self.blocksize = max(1, blocksize)
+        self.size = size
+        self.depth = max(0, depth)
+        self._lock = threading.Lock()
+        self._blocks: dict[int, _Shared] = {}
+        self._front = -1  # end of the furthest read
+        self._streak = 0
+
+    def resize(self, size: int) -> None:
+        """The file's size changed (a write or truncation): forget every block."""
+        with self._lock:
+            self.size = size
+            self._drop_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_all()
+
+    def _drop(self, b: int) -> None:
+        blk = self._blocks.pop(b)
+        blk.dropped = True
+        if blk.users == 0:
+            self._forget(blk.fut)
+
+    def _drop_all(self) -> None:
+        for b in list(self._blocks):
+            self._drop(b)
+
+    def _forget(self, fut: Future) -> None:
+        if fut.cancel() or not fut.done():
+            if not fut.cancelled():  # running: give its buffer back once it is done
+                fut.add_done_callback(self._forget)
+            return
+        if fut.exception() is None:
+            self.reader.release(fut.result())
+
+    def readinto(self, start: int, out: memoryview) -> int:
+        """Read the bytes at ``start`` into ``out``; returns how many (short at the end)."""
+        out = memoryview(out).cast("B")
+        bs = self.blocksize
+        with self._lock:
+            stop = min(self.size, start + len(out))
+            if start >= stop:
+                return 0
+            first, last = start // bs, (stop - 1) // bs
+            front = self._front
+            near = front >= 0 and front - self.BEHIND * bs <= start <= front + bs
+            if near:
+                self._streak += 1
+                self._front = max(front, stop)
+            else:
+                self._streak = 0
+                self._front = stop
+                self._drop_all()
+            window = min(self.depth, 1 << min(self._streak - 1, 16)) if self._streak else 0
+            last_block = (self.size - 1) // bs
+            for b in range(last + 1, min(last + window, last_block) + 1):
+                if b not in self._blocks:
+                    lo = b * bs
+                    self._blocks[b] = _Shared(self.reader.submit_block(lo, min(self.size, lo + bs)))
+            behind = self._front // bs - self.BEHIND
+            for b in [b for b in self._blocks if b < behind]:
+                self._drop(b)
+            shared = {}
+            for b in range(first, last + 1):
+                blk = self._blocks.get(b)
+                if blk is not None:
+                    blk.users += 1
+                    shared[b] = blk
+        n = stop - start
+        futures: list[Future] = []
+        try:
+            pos = start
+            while pos < stop:
+                b = pos // bs
+                b_end = min(stop, (b + 1) * bs)
+                if b in shared:
+                    pos = b_end
+                    continue
+                run_end = b_end
+                while run_end < stop and (run_end // bs) not in shared:
+                    run_end = min(stop, (run_end // bs + 1) * bs)
+                futures.extend(self.reader.submit_into(pos, out[pos - start : run_end - start]))
+                pos = run_end
+            for b, blk in shared.items():
+                lo, hi = max(start, b * bs), min(stop, (b + 1) * bs)
+                data = memoryview(blk.fut.result())
+                out[lo - start : hi - start] = data[lo - b * bs : hi - b * bs]
+        finally:
+            wait(futures)  # never return while a fetch may still write into ``out``
+            with self._lock:
+                for b, blk in shared.items():
+                    blk.users -= 1
+                    if blk.fut.done() and blk.fut.exception() is not None and not blk.dropped:
+                        self._drop(b)  # a failed block is fetched again next time
+                    elif blk.dropped and blk.users == 0:
+                        self._forget(blk.fut)
+        for fut in futures:
+            fut.result()
+        return n

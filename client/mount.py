@@ -1,0 +1,915 @@
+"""EmberFS as a FUSE file system: every program can read and write it through a mount.
+
+:class:`EmberFuse` implements the path operations of libfuse3's high-level
+API (through mfusepy's ctypes bindings) on the fsspec client's pieces: the
+metaserver client for the namespace, :class:`~emberfs.client.chunkio.ChunkIO`
+for chunk reads and writes, and :class:`~emberfs.client.readahead.SharedReadahead`
+for sequential reads that the kernel sends from several threads at once.
+
+How it keeps the client's speed and POSIX's rules:
+
+* **One state per open inode** (:class:`_Node`). Every descriptor of a file
+  open in this mount shares it: the write session, the buffered writes and the
+  file's length as this mount's writes made it. A read through any of them
+  first sends the buffered writes, so a process reads what it wrote, and
+  ``getattr`` of an open file answers its local length, never a shorter one.
+* **Writes gather into whole chunks** before they go to their chains, up to
+  ``write_depth`` chunk writes in flight. ``flush`` (every ``close(2)``) and
+  ``fsync`` wait for them and make the length exact on the metaserver
+  (``Sync``); the last ``release`` ends the write session. A write past the
+  end first records the gap as a hole (``Truncate`` by inode), so it reads as
+  zeros and never as lost data.
+* **The page cache survives an unchanged file.** An open compares the file's
+  size, mtime and ctime with those of the pages the kernel may hold for it;
+  when they match the open keeps the page cache (``keep_cache``), so a second
+  read of the file comes from memory. When they differ the kernel drops the
+  pages and, if it was told other attributes, those too
+  (``fuse_invalidate_path``), so a file changed by another client is never
+  read stale after it is opened again (close-to-open consistency, as NFS).
+* **Attributes are cached briefly**: the kernel keeps them for
+  ``attr_timeout`` seconds, and this process keeps the attributes a listing
+  returned for as long, so ``ls -l`` costs one ``List`` call.
+* **A metaserver that is away** makes calls fail with EIO once
+  ``meta_timeout`` has passed (``on_outage="eio"``), or wait until it is back
+  (``"block"``), retrying with the same request id so nothing applies twice.
+
+The mount acts as one identity: the client's token, or the mounting user. The
+kernel checks each caller's access against the files' mode bits
+(``default_permissions``), and the metaserver checks the mount's identity.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import logging
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+
+from emberfs.client.chunkio import wait_all
+from emberfs.client.handles import OpenHandle, stale_session
+from emberfs.client.readahead import SharedReadahead
+from emberfs.proto import common_pb2, meta_pb2
+
+log = logging.getLogger(__name__)
+
+# errors of a metaserver that cannot be reached (after the client's retries)
+_OUTAGE = frozenset({errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNREFUSED, errno.EHOSTUNREACH})
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+STATFS_BLOCK = 4096
+MAX_THREADS = 64  # libfuse's request threads at most
+REMEMBERED_VERSIONS = 65536  # inodes whose cached pages and attributes are remembered
+
+
+@dataclass
+class MountOptions:
+    """How a mount caches, reads and meets outages (``emberfs mount --help``).
+
+    Attributes
+    ----------
+    attr_timeout : float
+        Seconds the kernel (and this process) keep attributes and names.
+    direct_io : bool
+        Bypass the page cache: every read and write reaches the mount in
+        requests of up to 1 MiB. Off by default: reads go through the page
+        cache, whose kernel readahead sends large requests too, and repeated
+        reads of an unchanged file come from memory.
+    read_only : bool
+        Refuse every change (EROFS).
+    readahead_kb : int
+        The kernel's readahead window for the mount (its bdi's
+        ``read_ahead_kb``, set when the mount may): how far ahead of a
+        sequential reader the kernel asks.
+    on_outage : {"eio", "block"}
+        What a call does while the metaserver cannot be reached.
+    meta_timeout : float
+        With ``"eio"``, how long a call keeps retrying before EIO.
+    allow_other : bool
+        Let users other than the mounting one use the mount.
+    """
+
+    attr_timeout: float = 1.0
+    direct_io: bool = False
+    read_only: bool = False
+    readahead_kb: int = 16384
+    on_outage: str = "eio"
+    meta_timeout: float = 10.0
+    allow_other: bool = False
+
+
+def fuse_errors(method):
+    """Run a FUSE operation; every failure becomes an OSError with the errno FUSE answers.
+
+    The client's errors keep their errno; a metaserver that cannot be reached
+    is EIO; anything else is logged and answered EIO.
+    """
+
+    @functools.wraps(method)
+    def run(self, *args):
+        try:
+            return method(self, *args)
+        except OSError as exc:
+            code = exc.errno if isinstance(exc.errno, int) and exc.errno > 0 else errno.EIO
+            if code in _OUTAGE:
+                log.warning("%s: the metaserver cannot be reached: %s", method.__name__, exc)
+                code = errno.EIO
+            elif code == errno.EIO:
+                log.warning("%s%r: %s", method.__name__, args[:1], exc)
+            raise OSError(code, os.strerror(code)) from None
+        except Exception:
+            log.exception("%s%r failed", method.__name__, args[:1])
+            raise OSError(errno.EIO, os.strerror(errno.EIO)) from None
+
+    return run
+
+
+def _version(attr: common_pb2.InodeAttr) -> tuple[int, int, int]:
+    """What changes whenever a file's bytes may have: size, mtime and ctime."""
+    return attr.size, attr.mtime_ns, attr.ctime_ns
+
+
+class _Versions:
+    """The attributes last given out per inode, bounded (oldest forgotten first)."""
+
+    def __init__(self, limit: int = REMEMBERED_VERSIONS) -> None:
+        self._map: OrderedDict[int, tuple] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def get(self, inode: int):
+        with self._lock:
+            return self._map.get(inode)
+
+    def put(self, inode: int, version: tuple) -> None:
+        with self._lock:
+            self._map[inode] = version
+            self._map.move_to_end(inode)
+            while len(self._map) > self._limit:
+                self._map.popitem(last=False)
+
+    def forget(self, inode: int) -> None:
+        with self._lock:
+            self._map.pop(inode, None)
+
+
+class _AttrCache:
+    """Attributes by path for ``ttl`` seconds: what a listing or a lookup returned."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._map: dict[str, tuple[float, common_pb2.InodeAttr]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> common_pb2.InodeAttr | None:
+        if self.ttl <= 0:
+            return None
+        with self._lock:
+            hit = self._map.get(path)
+            if hit is None:
+                return None
+            if hit[0] < time.monotonic():
+                del self._map[path]
+                return None
+            return hit[1]
+
+    def put(self, path: str, attr: common_pb2.InodeAttr) -> None:
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            if len(self._map) > 100_000:
+                self._map.clear()
+            self._map[path] = (time.monotonic() + self.ttl, attr)
+
+    def drop(self, *paths: str) -> None:
+        with self._lock:
+            for p in paths:
+                self._map.pop(p, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._map.clear()
+
+
+class _Node:
+    """An inode open in this mount: shared by all its descriptors.
+
+    ``handle`` is the open file as the metaserver described it, its
+    ``attr.size`` kept at the length this mount's writes made (``size``).
+    Buffered writes are one contiguous run (``_pending`` at ``_pending_at``)
+    that goes out when it reaches a chunk boundary or stops being contiguous.
+    """
+
+    def __init__(self, mount: EmberFuse, handle: OpenHandle) -> None:
+        self.mount = mount
+        self.handle = handle
+        self.inode = handle.inode
+        self.lock = threading.RLock()
+        self.opens = 0
+        self.writers = 0
+        self.readers: set[SharedReadahead] = set()
+        self._pending = bytearray()
+        self._pending_at = 0
+        self._inflight: deque[tuple[int, Future]] = deque()
+        self._failed: BaseException | None = None
+        self.dirty = False  # written since the last Sync or Close
+
+    @property
+    def size(self) -> int:
+        return self.handle.attr.size
+
+    def _set_size(self, size: int) -> None:
+        self.handle.attr.size = size
+        for r in self.readers:
+            r.resize(size)
+
+    # writing -------------------------------------------------------------------
+    def write(self, path: str | None, offset: int, data: memoryview) -> int:
+        with self.lock:
+            self._check()
+            if offset > self.size:
+                self._grow_to(path, offset)
+            cs = self.handle.chunk_size
+            n = len(data)
+            if self._pending and offset != self._pending_at + len(self._pending):
+                self._send_pending()
+            if not self._pending:
+                self._pending_at = offset
+            pos = 0
+            while pos < n:
+                boundary = ((self._pending_at + len(self._pending)) // cs + 1) * cs
+                take = min(n - pos, boundary - self._pending_at - len(self._pending))
+                self._pending += data[pos : pos + take]
+                pos += take
+                if self._pending_at + len(self._pending) == boundary:
+                    self._send_pending()
+                    self._pending_at = boundary
+            end = offset + n
+            self.dirty = True
+            if end > self.size:
+                self.handle.attr.size = end
+            for r in self.readers:
+                r.resize(self.size)
+            return n
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self.handle.expired:
+            raise stale_session(self.handle.path)
+        if not self.handle.session_id:
+            raise OSError(errno.EBADF, "the file is not open for writing")
+
+    def _send_pending(self) -> None:
+        if not self._pending:
+            return
+        data, self._pending = self._pending, bytearray()
+        at = self._pending_at
+        self._pending_at += len(data)
+        index = at // self.handle.chunk_size
+        while self._inflight and (
+            len(self._inflight) >= self.mount.fs.write_depth
+            or any(i == index for i, _ in self._inflight)
+        ):
+            self._reap(self._inflight.popleft()[1])
+        self._inflight.append((index, self.mount.fs.chunk_io.submit_write(self.handle, at, data)))
+
+    def _reap(self, fut: Future) -> None:
+        try:
+            fut.result()
+        except BaseException as exc:
+            if self._failed is None:
+                self._failed = exc
+            raise
+
+    def flush_writes(self) -> None:
+        """Send the buffered writes and wait until the chains hold all of them."""
+        with self.lock:
+            try:
+                self._send_pending()
+                while self._inflight:
+                    self._reap(self._inflight.popleft()[1])
+            except BaseException:
+                wait([f for _, f in self._inflight])
+                self._inflight.clear()
+                raise
+            if self._failed is not None:
+                raise self._failed
+
+    def sync(self) -> None:
+        """Make every write durable and the length exact on the metaserver (fsync, close(2))."""
+        with self.lock:
+            if not self.handle.session_id:
+                return
+            self.flush_writes()
+            if not self.dirty:
+                return
+            self._check()
+            attr = self.mount.meta.sync(self.inode, self.handle.session_id, self.size)
+            self._learn(attr)
+            self.dirty = False
+
+    def _learn(self, attr: common_pb2.InodeAttr) -> None:
+        """New attributes from the metaserver (the local length still counts)."""
+        size = max(self.size, attr.size) if self._pending or self._inflight else attr.size
+        self.handle.attr.CopyFrom(attr)
+        self._set_size(size)
+
+    def _grow_to(self, path: str | None, offset: int) -> None:
+        """Record ``[size, offset)`` as a hole before a write at ``offset`` past the end."""
+        self.sync()
+        attr = self.mount.meta.truncate(path or self.handle.path, offset, inode=self.inode)
+        self._learn(attr)
+
+    def truncate(self, path: str | None, length: int) -> common_pb2.InodeAttr:
+        with self.lock:
+            if self.handle.session_id:
+                self.sync()
+            attr = self.mount.meta.truncate(path or self.handle.path, length, inode=self.inode)
+            self._learn(attr)
+            return attr
+
+    def set_times(self, path: str, mtime_ns: int) -> common_pb2.InodeAttr:
+        """Set the mtime after the writes before it, so a later Close keeps it."""
+        with self.lock:
+            self.sync()
+            attr = self.mount.meta.setattr(path, mtime_ns=mtime_ns, no_follow=True)
+            self._learn(attr)
+            return attr
+
+    def close_session(self) -> common_pb2.InodeAttr | None:
+        """End the write session (the last writer's release)."""
+        with self.lock:
+            h = self.handle
+            if not h.session_id:
+                return None
+            error: BaseException | None = None
+            try:
+                self.flush_writes()
+            except BaseException as exc:
+                error = exc
+            try:
+                attr = self.mount.meta.close_file(
+                    h.inode,
+                    h.session_id,
+                    self.size,
+                    wrote=self.dirty and error is None,
+                    path=h.path,
+                )
+            finally:
+                self.mount.fs.sessions.unregister(h)
+                h.session_id = 0
+                self.dirty = False
+            if error is not None:
+                raise error
+            self._learn(attr)
+            return attr
+
+
+class _Handle:
+    """One open descriptor: its node, how it was opened, and its readahead."""
+
+    __slots__ = ("node", "write", "readahead")
+
+    def __init__(self, node: _Node, write: bool, readahead: SharedReadahead | None) -> None:
+        self.node = node
+        self.write = write
+        self.readahead = readahead
+
+
+class EmberFuse:
+    """The FUSE operations of a mount, on one :class:`~emberfs.client.fs.EmberFileSystem`.
+
+    Parameters
+    ----------
+    fs : EmberFileSystem
+        Made with ``auto_mkdir=False``; its ``retry_timeout`` decides how long
+        a metaserver call keeps trying (see :class:`MountOptions`).
+    options : MountOptions
+    """
+
+    use_ns = True  # times in nanoseconds
+
+    def __init__(self, fs, options: MountOptions) -> None:
+        self.fs = fs
+        self.options = options
+        self.attrs = _AttrCache(options.attr_timeout)
+        self._nodes: dict[int, _Node] = {}
+        self._nodes_lock = threading.Lock()
+        self._handles: dict[int, _Handle] = {}
+        self._next_fh = 1
+        self._pages = _Versions()  # version of the pages the kernel may hold per inode
+        self._told = _Versions()  # version of the attributes the kernel was last given
+        self.ready = threading.Event()
+        self.uid, self.gid = os.getuid(), os.getgid()
+
+    @property
+    def meta(self):
+        return self.fs._meta
+
+    # set-up ------------------------------------------------------------------------
+    def init_with_config(self, conn, config) -> None:
+        if config is not None:
+            config.use_ino = 1  # st_ino is the EmberFS inode
+            config.hard_remove = 1  # an unlinked open file keeps working, with no hidden name
+            config.attr_timeout = self.options.attr_timeout
+            config.entry_timeout = self.options.attr_timeout
+            config.negative_timeout = 0.0  # a name another client creates is seen at once
+            config.kernel_cache = 0
+            config.auto_cache = 0
+            config.direct_io = int(self.options.direct_io)
+        self.ready.set()
+
+    def destroy(self, path) -> None:
+        """Unmounting: send what is buffered and end every write session.
+
+        Waits ``meta_timeout`` seconds at most (also with ``on_outage="block"``):
+        a session left open then ends when its lease runs out, with the length
+        of its last flush.
+        """
+        with self._nodes_lock:
+            nodes = list(self._nodes.values())
+            self._nodes.clear()
+            self._handles.clear()
+
+        def close_all() -> None:
+            for node in nodes:
+                try:
+                    node.close_session()
+                except OSError as exc:
+                    log.warning("closing %s at unmount: %s", node.handle.path, exc)
+
+        closer = threading.Thread(target=close_all, name="emberfs-unmount", daemon=True)
+        closer.start()
+        closer.join(self.options.meta_timeout)
+        if closer.is_alive():
+            log.warning("unmounted with write sessions still open (the metaserver is away)")
+
+    # attributes -------------------------------------------------------------------------
+    def _stat_dict(self, attr: common_pb2.InodeAttr, size: int | None = None) -> dict:
+        fmt = {
+            common_pb2.FILE: stat.S_IFREG,
+            common_pb2.DIRECTORY: stat.S_IFDIR,
+            common_pb2.SYMLINK: stat.S_IFLNK,
+        }.get(attr.type, stat.S_IFREG)
+        if attr.type == common_pb2.FILE:
+            size = attr.size if size is None else size
+            self._told.put(attr.inode, (size, attr.mtime_ns, attr.ctime_ns))
+        elif attr.type == common_pb2.SYMLINK:
+            size = len(attr.symlink_target.encode())
+        else:
+            size = 4096
+        return {
+            "st_ino": attr.inode,
+            "st_mode": fmt | (attr.mode & 0o7777),
+            "st_nlink": max(1, attr.nlink),
+            "st_uid": attr.uid,
+            "st_gid": attr.gid,
+            "st_size": size,
+            "st_blocks": (size + 511) // 512,
+            "st_blksize": attr.layout.chunk_size if attr.HasField("layout") else 4096,
+            "st_mtime": attr.mtime_ns,
+            "st_ctime": attr.ctime_ns,
+            "st_atime": attr.mtime_ns,
+            "st_birthtime": attr.crtime_ns,
+        }
+
+    def _lookup(self, path: str) -> common_pb2.InodeAttr:
+        attr = self.attrs.get(path)
+        if attr is None:
+            attr = self.meta.stat(path, follow=False)
+            self.attrs.put(path, attr)
+        return attr
+
+    @fuse_errors
+    def getattr(self, path: str, fh: int | None = None) -> dict:
+        handle = self._handles.get(fh) if fh is not None else None
+        if handle is not None:
+            node = handle.node
+            return self._stat_dict(node.handle.attr, node.size)
+        attr = self._lookup(path)
+        node = self._nodes.get(attr.inode)
+        if node is not None:  # open here: its length as this mount's writes made it
+            with node.lock:
+                return self._stat_dict(node.handle.attr, node.size)
+        return self._stat_dict(attr)
+
+    @fuse_errors
+    def readdir(self, path: str, fh: int) -> list:
+        here = self._lookup(path).inode  # entries with inode 0 are skipped by readdir(3)
+        out = [(".", {"st_mode": stat.S_IFDIR, "st_ino": here}, 0)]
+        out.append(("..", {"st_mode": stat.S_IFDIR, "st_ino": 1}, 0))
+        base = "" if path == "/" else path
+        for entry in self.meta.list(path, page=self.fs.list_page):
+            self.attrs.put(f"{base}/{entry.name}", entry.attr)
+            mode = self._stat_dict(entry.attr)["st_mode"]
+            out.append((entry.name, {"st_mode": mode, "st_ino": entry.attr.inode}, 0))
+        return out
+
+    @fuse_errors
+    def readlink(self, path: str) -> str:
+        attr = self.meta.stat(path, follow=False)
+        if attr.type != common_pb2.SYMLINK:
+            raise OSError(errno.EINVAL, "not a symbolic link", path)
+        return attr.symlink_target
+
+    @fuse_errors
+    def statfs(self, path: str) -> dict:
+        r = self.meta.statfs()
+        used_inodes = r.files + r.directories
+        total_inodes = max(r.inodes, used_inodes + (1 << 32))
+        return {
+            "f_bsize": STATFS_BLOCK,
+            "f_frsize": STATFS_BLOCK,
+            "f_blocks": r.capacity // STATFS_BLOCK,
+            "f_bfree": r.free // STATFS_BLOCK,
+            "f_bavail": r.free // STATFS_BLOCK,
+            "f_files": total_inodes,
+            "f_ffree": total_inodes - used_inodes,
+            "f_favail": total_inodes - used_inodes,
+            "f_namemax": 255,
+        }
+
+    # changes to the namespace -------------------------------------------------------------
+    def _writable(self) -> None:
+        if self.options.read_only:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    @fuse_errors
+    def mkdir(self, path: str, mode: int) -> int:
+        self._writable()
+        self.attrs.put(path, self.meta.mkdir(path, parents=False, mode=mode & 0o7777))
+        return 0
+
+    @fuse_errors
+    def unlink(self, path: str) -> int:
+        self._writable()
+        self.attrs.drop(path)
+        self.meta.remove(path)
+        return 0
+
+    @fuse_errors
+    def rmdir(self, path: str) -> int:
+        self._writable()
+        self.meta.remove(path, directory=True)
+        self.attrs.clear()  # entries below it are gone too
+        return 0
+
+    @fuse_errors
+    def symlink(self, path: str, target: str) -> int:
+        self._writable()
+        self.attrs.put(path, self.meta.symlink(path, target))
+        return 0
+
+    @fuse_errors
+    def link(self, path: str, target: str) -> int:
+        self._writable()
+        self.attrs.drop(target)
+        self.attrs.put(path, self.meta.hardlink(target, path))
+        return 0
+
+    @fuse_errors
+    def rename(self, old: str, new: str, flags: int = 0) -> int:
+        self._writable()
+        if flags & RENAME_EXCHANGE:
+            raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        self.attrs.clear()  # names below a renamed directory move with it
+        self.meta.rename(old, new, no_replace=bool(flags & RENAME_NOREPLACE))
+        self.attrs.clear()
+        return 0
+
+    @fuse_errors
+    def chmod(self, path: str, mode: int) -> int:
+        self._writable()
+        self._changed(path, self.meta.setattr(path, mode=mode & 0o7777, no_follow=True))
+        return 0
+
+    @fuse_errors
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        self._writable()
+        fields = {}
+        if uid != 0xFFFFFFFF and uid != -1:
+            fields["uid"] = uid
+        if gid != 0xFFFFFFFF and gid != -1:
+            fields["gid"] = gid
+        if fields:
+            self._changed(path, self.meta.setattr(path, no_follow=True, **fields))
+        return 0
+
+    def utimens_raw(self, path: str, times) -> int:
+        """``utimens`` with the raw ``timespec[2]`` (None: both now); atime is not kept."""
+        if times is None:
+            mtime_ns = time.time_ns()
+        else:
+            ts = times[1]
+            if ts.tv_nsec == UTIME_OMIT:
+                return 0
+            mtime_ns = time.time_ns() if ts.tv_nsec == UTIME_NOW else ts.tv_sec * 10**9 + ts.tv_nsec
+        return self._utimens(path, mtime_ns)
+
+    utimens = utimens_raw  # what libfuse's utimens callback calls (see _fuse_class)
+
+    @fuse_errors
+    def _utimens(self, path: str, mtime_ns: int) -> int:
+        self._writable()
+        attr = self._lookup(path)
+        node = self._nodes.get(attr.inode)
+        if node is not None and node.handle.session_id:
+            self._changed(path, node.set_times(path, mtime_ns))
+        else:
+            self._changed(path, self.meta.setattr(path, mtime_ns=mtime_ns, no_follow=True))
+        return 0
+
+    def _changed(self, path: str, attr: common_pb2.InodeAttr) -> None:
+        self.attrs.put(path, attr)
+        node = self._nodes.get(attr.inode)
+        if node is not None:
+            with node.lock:
+                node._learn(attr)
+
+    @fuse_errors
+    def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
+        self._writable()
+        handle = self._handles.get(fh) if fh is not None else None
+        node = handle.node if handle is not None else None
+        if node is None and path is not None:
+            node = self._nodes.get(self._lookup(path).inode)
+        if node is not None:
+            attr = node.truncate(path, length)
+        else:
+            attr = self.meta.truncate(path, length)
+        if path is not None:
+            self.attrs.put(path, attr)
+        self._pages.put(attr.inode, _version(attr))  # the kernel cut its pages itself
+        return 0
+
+    # open files ---------------------------------------------------------------------
+    def _open_flags(self, flags: int) -> int:
+        acc = flags & os.O_ACCMODE
+        if acc == os.O_RDONLY:
+            return meta_pb2.OPEN_READ
+        self._writable()
+        out = meta_pb2.OPEN_WRITE
+        if flags & os.O_TRUNC:
+            out |= meta_pb2.OPEN_TRUNCATE
+        return out
+
+    def _attach(self, path: str, resp, write: bool, fi) -> int:
+        """Add a descriptor of the file ``resp`` opened, sharing its inode's node."""
+        attr = resp.attr
+        with self._nodes_lock:
+            node = self._nodes.get(attr.inode)
+            fresh = node is None
+            if fresh:
+                node = self._nodes[attr.inode] = _Node(self, OpenHandle.from_open(path, resp))
+                if resp.session_id:
+                    self.fs.sessions.register(node.handle)
+            node.opens += 1
+            node.writers += write
+            fh = self._next_fh
+            self._next_fh += 1
+        if not fresh:
+            with node.lock:
+                if resp.session_id and not node.handle.session_id:
+                    node.handle.session_id = resp.session_id
+                    node.handle.expired = False
+                    self.fs.sessions.register(node.handle)
+                elif resp.session_id:  # the node has a session already: end this one
+                    self.meta.close_file(attr.inode, resp.session_id, 0, wrote=False, path=path)
+                if not node._pending and not node._inflight:
+                    node._learn(attr)
+        readahead = SharedReadahead(
+            self.fs.chunk_io.reader(node.handle),
+            node.handle.chunk_size or self.fs.default_block_size,
+            node.size,
+            self.fs.readahead_depth,
+        )
+        with node.lock:
+            node.readers.add(readahead)
+        self._handles[fh] = _Handle(node, write, readahead)
+        self._cache_policy(path, node, fresh, fi)
+        fi.fh = fh
+        return 0
+
+    def _cache_policy(self, path: str, node: _Node, fresh: bool, fi) -> None:
+        """Keep the kernel's pages of an unchanged file; drop stale pages and attributes."""
+        if self.options.direct_io:
+            fi.direct_io = 1
+            return
+        version = _version(node.handle.attr)
+        if not fresh:  # open here already: the kernel's pages are this mount's writes
+            fi.keep_cache = 1
+            return
+        fi.keep_cache = int(self._pages.get(node.inode) == version)
+        self._pages.put(node.inode, version)
+        told = self._told.get(node.inode)
+        if told is not None and told != version:
+            self._invalidate(path)
+            self._told.put(node.inode, version)
+
+    def _invalidate(self, path: str) -> None:
+        """Make the kernel forget what it holds of ``path``'s attributes."""
+        ctx = _libfuse_context()
+        if ctx is not None:
+            _LIB.fuse_invalidate_path(ctx.fuse, path.encode("utf-8", "surrogateescape"))
+
+    @fuse_errors
+    def open(self, path: str, fi) -> int:
+        flags = self._open_flags(fi.flags)
+        write = bool(flags & meta_pb2.OPEN_WRITE)
+        attr = self._lookup(path) if not flags & meta_pb2.OPEN_TRUNCATE else None
+        node = self._nodes.get(attr.inode) if attr is not None else None
+        if node is not None and (not write or node.handle.session_id):
+            # open here already: share it (the kernel checked the permissions)
+            return self._share(node, write, fi)
+        if flags & meta_pb2.OPEN_TRUNCATE:
+            node = self._nodes.get(self._lookup(path).inode)
+            if node is not None and node.handle.session_id:
+                node.truncate(path, 0)
+                return self._share(node, write, fi)
+        resp = self.meta.open(path, flags)
+        if resp.attr.type == common_pb2.DIRECTORY:
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        self.attrs.put(path, resp.attr)
+        return self._attach(path, resp, write, fi)
+
+    def _share(self, node: _Node, write: bool, fi) -> int:
+        resp = meta_pb2.OpenResponse(attr=node.handle.attr, session_id=node.handle.session_id)
+        return self._attach(node.handle.path, resp, write, fi)
+
+    @fuse_errors
+    def create(self, path: str, mode: int, fi) -> int:
+        self._writable()
+        flags = meta_pb2.OPEN_CREATE | meta_pb2.OPEN_WRITE
+        if fi.flags & os.O_EXCL:
+            flags |= meta_pb2.OPEN_EXCLUSIVE
+        if fi.flags & os.O_TRUNC:
+            flags |= meta_pb2.OPEN_TRUNCATE
+        resp = self.meta.open(path, flags, mode=mode & 0o7777)
+        if resp.attr.type == common_pb2.DIRECTORY:
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        self.attrs.put(path, resp.attr)
+        return self._attach(path, resp, (fi.flags & os.O_ACCMODE) != os.O_RDONLY, fi)
+
+    def _handle(self, fh) -> _Handle:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return handle
+
+    @fuse_errors
+    def readinto(self, path, out: memoryview, offset: int, fh: int) -> int:
+        handle = self._handle(fh)
+        node = handle.node
+        if node._pending or node._inflight:
+            node.flush_writes()  # read what was written
+        if handle.readahead is not None:
+            return handle.readahead.readinto(offset, out)
+        size = node.size
+        n = max(0, min(len(out), size - offset))
+        if n:
+            wait_all(self.fs.chunk_io.submit_into(node.handle, offset, out[:n]))
+        return n
+
+    read = readinto  # what libfuse's read callback calls (see _fuse_class)
+
+    @fuse_errors
+    def write(self, path, data: memoryview, offset: int, fh: int) -> int:
+        handle = self._handle(fh)
+        if not handle.write:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return handle.node.write(path, offset, data)
+
+    @fuse_errors
+    def flush(self, path, fh: int) -> int:
+        handle = self._handles.get(fh)
+        if handle is not None and handle.write:
+            handle.node.sync()
+        return 0
+
+    @fuse_errors
+    def fsync(self, path, datasync: int, fh: int) -> int:
+        handle = self._handle(fh)
+        handle.node.sync()
+        return 0
+
+    @fuse_errors
+    def release(self, path, fh: int) -> int:
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return 0
+        node = handle.node
+        with self._nodes_lock:
+            node.opens -= 1
+            node.writers -= handle.write
+            last_writer = handle.write and node.writers == 0
+            last = node.opens == 0
+            if last:
+                self._nodes.pop(node.inode, None)
+        if handle.readahead is not None:
+            with node.lock:
+                node.readers.discard(handle.readahead)
+            handle.readahead.close()
+        if last_writer or (last and node.handle.session_id):
+            attr = node.close_session()
+            if attr is not None:
+                self._pages.put(attr.inode, _version(attr))
+                self._told.put(attr.inode, _version(attr))
+                self.attrs.drop(node.handle.path)
+        return 0
+
+    def flush_all(self) -> None:
+        """Every open file's writes durable (used before an unmount)."""
+        for node in list(self._nodes.values()):
+            node.sync()
+
+
+def _fuse_class():
+    """mfusepy's ``FUSE`` with the callbacks a fast mount needs (imported on first use).
+
+    Reads land straight in libfuse's reply buffer and writes are taken from its
+    request buffer (no bytes objects in between); ``open`` and ``create`` get
+    the ``fuse_file_info`` (``keep_cache``, ``direct_io``); ``truncate``,
+    ``rename`` and ``utimens`` keep the descriptor, the flags and the raw times
+    that mfusepy's defaults drop.
+    """
+    import mfusepy
+
+    class _Fuse(mfusepy.FUSE):
+        def _path(self, path):
+            return None if path is None else path.decode(self.encoding, self.errors)
+
+        def open(self, path, fip):
+            return self.operations.open(self._path(path), fip.contents)
+
+        def create(self, path, mode, fip):
+            return self.operations.create(self._path(path), mode, fip.contents)
+
+        def read(self, path, buf, size, offset, fip):
+            addr = ctypes.cast(buf, ctypes.c_void_p).value
+            view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+            return self.operations.readinto(self._path(path), view, offset, fip.contents.fh)
+
+        def write(self, path, buf, size, offset, fip):
+            addr = ctypes.cast(buf, ctypes.c_void_p).value
+            view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+            return self.operations.write(self._path(path), view, offset, fip.contents.fh)
+
+        def truncate_fuse_3(self, path, length, fip):
+            fh = fip.contents.fh if fip else None
+            return self.operations.truncate(self._path(path), length, fh)
+
+        def rename_fuse_3(self, old, new, flags):
+            return self.operations.rename(self._path(old), self._path(new), flags)
+
+        def utimens_fuse_3(self, path, buf, fip):
+            times = (buf.contents.actime, buf.contents.modtime) if buf else None
+            return self.operations.utimens_raw(self._path(path), times)
+
+    return _Fuse
+
+
+def serve(operations: EmberFuse, mountpoint: str, *, debug: bool = False, fsname: str = "emberfs"):
+    """Mount ``operations`` at ``mountpoint`` and serve requests until it is unmounted.
+
+    Runs in the foreground (the caller daemonises first); SIGINT, SIGTERM and
+    SIGHUP unmount. Raises RuntimeError when libfuse fails to mount.
+    """
+    options = operations.options
+    kwargs = {
+        "foreground": True,
+        "debug": debug,
+        "fsname": fsname.replace("\\", "\\\\").replace(",", "\\,"),  # -o splits at commas
+        "subtype": "emberfs",
+        "default_permissions": True,
+        "max_threads": MAX_THREADS,
+    }
+    if options.read_only:
+        kwargs["ro"] = True
+    if options.allow_other:
+        kwargs["allow_other"] = True
+    _fuse_class()(operations, mountpoint, **kwargs)
+
+
+_LIB = None
+
+
+def _libfuse_context():
+    """The ``fuse_context`` of the request this thread serves (None outside one)."""
+    import mfusepy
+
+    global _LIB
+    if _LIB is None:
+        _LIB = mfusepy._libfuse
+        _LIB.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        _LIB.fuse_invalidate_path.restype = ctypes.c_int
+    ctx = _LIB.fuse_get_context()
+    return ctx.contents if ctx else None
