@@ -19,6 +19,7 @@ missing() {
     [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
     command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
     command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+    command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
     echo "${need[@]}"
 }
 
