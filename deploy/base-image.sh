@@ -2,12 +2,13 @@
 # Build the local base image emberfs-base:bookworm from Debian packages.
 #
 # For machines whose Docker engine cannot pull from a registry: debootstrap
-# makes a minimal Debian bookworm root file system with python3, python3-venv
-# and etcd (etcd-server, etcd-client: the same image runs the etcd members of
-# the HA cluster), and `docker import` turns it into an image. The Debian
-# mirror is read at run time from this machine's apt sources (one-line *.list
-# files or deb822 *.sources files), so no mirror host is written anywhere in
-# the repository.
+# makes a minimal Debian bookworm root file system with python3, python3-venv,
+# etcd (etcd-server, etcd-client: the same image runs the etcd members of the
+# HA cluster) and fuse3 (fusermount3 and libfuse3: `emberfs mount` in the
+# compose cluster's client container), and `docker import` turns it into an
+# image. The Debian mirror is read at run time from this machine's apt sources
+# (one-line *.list files or deb822 *.sources files), so no mirror host is
+# written anywhere in the repository.
 #
 # usage: deploy/base-image.sh [--force] [--image NAME] [--mirror URL]
 #
@@ -19,7 +20,7 @@ set -euo pipefail
 
 IMAGE="${EMBERFS_BASE_IMAGE:-emberfs-base:bookworm}"
 SUITE="bookworm"
-PACKAGES="python3,python3-venv,ca-certificates,etcd-server,etcd-client"
+PACKAGES="python3,python3-venv,ca-certificates,etcd-server,etcd-client,fuse3"
 RECIPE_LABEL="org.emberfs.base-recipe"
 FORCE=0
 MIRROR=""

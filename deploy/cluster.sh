@@ -41,6 +41,7 @@ CACHE="$DEPLOY_DIR/.cache"
 COMPOSE_FILE="$DEPLOY_DIR/docker-compose.yml"
 HA_FILE="$DEPLOY_DIR/docker-compose.ha.yml"
 STORAGE_SERVICES=(storage1 storage2 storage3)
+CLIENT_SERVICE=client  # mounts EmberFS at /mnt/emberfs (FUSE)
 ETCD_SERVICES=(etcd1 etcd2 etcd3)
 
 PROJECT="${EMBERFS_COMPOSE_PROJECT:-emberfs}"
@@ -96,6 +97,7 @@ services() {
     if ha; then printf '%s\n' "${ETCD_SERVICES[@]}"; fi
     metaservers | cut -d' ' -f1
     printf '%s\n' "${STORAGE_SERVICES[@]}"
+    echo "$CLIENT_SERVICE"
 }
 
 # ---------------------------------------------------------------- locking
@@ -477,6 +479,7 @@ cmd_up() {
 EmberFS cluster '$PROJECT' is up.
 $servers
   storage servers  ${EMBERFS_NET_PREFIX}.11:9510  ${EMBERFS_NET_PREFIX}.12:9520  ${EMBERFS_NET_PREFIX}.13:9530
+  client           EmberFS mounted at /mnt/emberfs: $0 compose exec client ls -l /mnt/emberfs
   security         $security
   client config    $CLIENT_CONFIG  (also $SECRETS_DIR/client.toml)
 Use it from this host (the client config holds the address and the token):

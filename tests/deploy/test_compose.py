@@ -552,6 +552,73 @@ def test_metaserver_restart_keeps_namespace_and_clients(compose_cluster: Compose
         fs.close()
 
 
+def _in_client(c: ComposeCluster, script: str, timeout: float = 120) -> str:
+    """Run a shell script in the client container (EmberFS mounted at /mnt/emberfs)."""
+    r = c.script("compose", "exec", "-T", "client", "sh", "-c", script, timeout=timeout)
+    assert r.returncode == 0, f"in the client container: {script}\n{r.stdout}\n{r.stderr[-2000:]}"
+    return r.stdout
+
+
+def test_client_container_mount_writes_and_reads(compose_cluster: ComposeCluster):
+    """Bytes written through the client container's mount read back there and on the host."""
+    c = compose_cluster
+    assert c.health("client") == "running/healthy"
+    size = 9 * MiB + 4321  # three chunks, the last one short
+    out = _in_client(
+        c,
+        "set -e; mkdir -p /mnt/emberfs/mount; "
+        f"head -c {size} /dev/urandom >/tmp/src; "
+        "dd if=/tmp/src of=/mnt/emberfs/mount/from-client.bin bs=1M conv=fsync status=none; "
+        "sync; sha256sum /tmp/src /mnt/emberfs/mount/from-client.bin",
+    )
+    written, read_back = (line.split()[0] for line in out.splitlines())
+    assert read_back == written
+    host_data = os.urandom(5 * MiB + 7)
+    fs = c.fs()
+    try:
+        from_client = fs.cat_file("/mount/from-client.bin")
+        assert len(from_client) == size and _sha256(from_client) == written
+        fs.pipe_file("/mount/from-host.bin", host_data)
+    finally:
+        fs.close()
+    # a file the mount has never held: its bytes come from the storage servers
+    out = _in_client(c, "sha256sum /mnt/emberfs/mount/from-host.bin")
+    assert out.split()[0] == _sha256(host_data)
+
+
+def test_client_container_listing_and_stop_unmounts(compose_cluster: ComposeCluster):
+    c = compose_cluster
+    out = _in_client(
+        c,
+        "set -e; grep ' /mnt/emberfs ' /proc/mounts; ls -l /mnt/emberfs/mount; "
+        "stat -c '%s %F %U' /mnt/emberfs/mount/from-client.bin",
+    )
+    mounts, *listing, stat_line = out.splitlines()
+    assert mounts.split()[2] == "fuse.emberfs", mounts
+    assert {line.split()[-1] for line in listing if line.startswith("-")} == {
+        "from-client.bin",
+        "from-host.bin",
+    }
+    assert stat_line == f"{9 * MiB + 4321} regular file root"
+    # SIGTERM (compose stop) unmounts: the mount ends within the grace period (10 s),
+    # with exit code 0 and without a traceback
+    cid = c.container("client")
+    started = time.monotonic()
+    r = c.script("compose", "stop", "client", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - started < 8
+    state = c.docker("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", cid).split()
+    assert state == ["exited", "0"], state
+    logs = c.script("compose", "logs", "--no-color", "client", timeout=60).stdout
+    assert "Traceback" not in logs, logs[-3000:]
+    # started again, it mounts again
+    r = c.script("compose", "start", "client", timeout=60)
+    assert r.returncode == 0, r.stderr
+    health = ("inspect", "-f", "{{.State.Health.Status}}", cid)
+    _wait_until(lambda: c.docker(*health).strip() == "healthy", 60, "the client to mount again")
+    assert "from-host.bin" in _in_client(c, "ls /mnt/emberfs/mount")
+
+
 def test_down_leaves_nothing_behind(compose_cluster: ComposeCluster):
     c = compose_cluster
     assert _project_leftovers(c.project), "the cluster should exist before it is taken down"
