@@ -52,7 +52,6 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
-from emberfs.client.chunkio import wait_all
 from emberfs.client.handles import OpenHandle, stale_session
 from emberfs.client.readahead import SharedReadahead
 from emberfs.proto import common_pb2, meta_pb2
@@ -221,6 +220,7 @@ class _Node:
         self._inflight: deque[tuple[int, Future]] = deque()
         self._failed: BaseException | None = None
         self.dirty = False  # written since the last Sync or Close
+        self.gone = False  # its last descriptor closed: no longer in the mount's table
 
     @property
     def size(self) -> int:
@@ -407,6 +407,7 @@ class EmberFuse:
         self._handles: dict[int, _Handle] = {}
         self._next_fh = 1
         self._pages = _Versions()  # version of the pages the kernel may hold per inode
+        self._recent = _Versions()  # attributes of files last closed or changed here
         self._told = _Versions()  # version of the attributes the kernel was last given
         self.ready = threading.Event()
         self.uid, self.gid = os.getuid(), os.getgid()
@@ -487,6 +488,12 @@ class EmberFuse:
         if attr is None:
             attr = self.meta.stat(path, follow=False)
             self.attrs.put(path, attr)
+            return attr
+        # a cached copy may predate what this mount did to the file since (a close, a
+        # truncation): the newer of the two
+        recent = self._recent.get(attr.inode)
+        if recent is not None and recent.ctime_ns > attr.ctime_ns:
+            return recent
         return attr
 
     @fuse_errors
@@ -630,6 +637,7 @@ class EmberFuse:
 
     def _changed(self, path: str, attr: common_pb2.InodeAttr) -> None:
         self.attrs.put(path, attr)
+        self._recent.put(attr.inode, attr)
         node = self._nodes.get(attr.inode)
         if node is not None:
             with node.lock:
@@ -648,54 +656,84 @@ class EmberFuse:
             attr = self.meta.truncate(path, length)
         if path is not None:
             self.attrs.put(path, attr)
+        self._recent.put(attr.inode, attr)
         self._pages.put(attr.inode, _version(attr))  # the kernel cut its pages itself
         return 0
 
     # open files ---------------------------------------------------------------------
     def _open_flags(self, flags: int) -> int:
-        acc = flags & os.O_ACCMODE
-        if acc == os.O_RDONLY:
-            return meta_pb2.OPEN_READ
-        self._writable()
-        out = meta_pb2.OPEN_WRITE
-        if flags & os.O_TRUNC:
+        out = meta_pb2.OPEN_READ
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            out |= meta_pb2.OPEN_WRITE
+        if flags & os.O_TRUNC:  # Linux truncates on O_RDONLY|O_TRUNC too
             out |= meta_pb2.OPEN_TRUNCATE
+        if out != meta_pb2.OPEN_READ:
+            self._writable()
         return out
 
-    def _attach(self, path: str, resp, write: bool, fi) -> int:
-        """Add a descriptor of the file ``resp`` opened, sharing its inode's node."""
-        attr = resp.attr
-        with self._nodes_lock:
-            node = self._nodes.get(attr.inode)
-            fresh = node is None
-            if fresh:
-                node = self._nodes[attr.inode] = _Node(self, OpenHandle.from_open(path, resp))
-                if resp.session_id:
-                    self.fs.sessions.register(node.handle)
-            node.opens += 1
-            node.writers += write
-            fh = self._next_fh
-            self._next_fh += 1
-        if not fresh:
-            with node.lock:
-                if resp.session_id and not node.handle.session_id:
-                    node.handle.session_id = resp.session_id
-                    node.handle.expired = False
-                    self.fs.sessions.register(node.handle)
-                elif resp.session_id:  # the node has a session already: end this one
-                    self.meta.close_file(attr.inode, resp.session_id, 0, wrote=False, path=path)
-                if not node._pending and not node._inflight:
-                    node._learn(attr)
+    def _node_for(self, inode: int) -> _Node | None:
+        """The node of ``inode`` open here, locked, or None; the caller releases its lock."""
+        while True:
+            with self._nodes_lock:
+                node = self._nodes.get(inode)
+            if node is None:
+                return None
+            node.lock.acquire()
+            if not node.gone:
+                return node
+            node.lock.release()  # its last descriptor closed meanwhile: look again
+
+    def _add_handle(self, node: _Node, write: bool) -> int:
+        """A descriptor of ``node`` (whose lock the caller holds)."""
+        node.opens += 1
+        node.writers += write
         readahead = SharedReadahead(
             self.fs.chunk_io.reader(node.handle),
             node.handle.chunk_size or self.fs.default_block_size,
             node.size,
             self.fs.readahead_depth,
+            window=0 if self.options.direct_io else self.options.readahead_kb * 1024,
         )
-        with node.lock:
-            node.readers.add(readahead)
-        self._handles[fh] = _Handle(node, write, readahead)
-        self._cache_policy(path, node, fresh, fi)
+        node.readers.add(readahead)
+        with self._nodes_lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = _Handle(node, write, readahead)
+        return fh
+
+    def _opened(self, path: str, resp, write: bool, fi) -> int:
+        """A descriptor of the file an ``Open`` RPC returned (with a session of its own or none)."""
+        attr = resp.attr
+        if attr.type == common_pb2.DIRECTORY:
+            if resp.session_id:
+                self.meta.close_file(attr.inode, resp.session_id, 0, wrote=False, path=path)
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        self.attrs.put(path, attr)
+        fresh = False
+        node = self._node_for(attr.inode)
+        if node is None:
+            with self._nodes_lock:
+                node = self._nodes.get(attr.inode)
+                if node is None:
+                    node = self._nodes[attr.inode] = _Node(self, OpenHandle.from_open(path, resp))
+                    fresh = True
+            node.lock.acquire()
+            if fresh and resp.session_id:
+                self.fs.sessions.register(node.handle)
+        try:
+            if not fresh:
+                if resp.session_id and not node.handle.session_id:
+                    node.handle.session_id = resp.session_id
+                    node.handle.expired = False
+                    self.fs.sessions.register(node.handle)
+                elif resp.session_id:  # the node has a session already: end the new one
+                    self.meta.close_file(attr.inode, resp.session_id, 0, wrote=False, path=path)
+                if not node._pending and not node._inflight:
+                    node._learn(attr)
+            fh = self._add_handle(node, write)
+            self._cache_policy(path, node, fresh, fi)
+        finally:
+            node.lock.release()
         fi.fh = fh
         return 0
 
@@ -725,25 +763,21 @@ class EmberFuse:
     def open(self, path: str, fi) -> int:
         flags = self._open_flags(fi.flags)
         write = bool(flags & meta_pb2.OPEN_WRITE)
-        attr = self._lookup(path) if not flags & meta_pb2.OPEN_TRUNCATE else None
-        node = self._nodes.get(attr.inode) if attr is not None else None
-        if node is not None and (not write or node.handle.session_id):
-            # open here already: share it (the kernel checked the permissions)
-            return self._share(node, write, fi)
-        if flags & meta_pb2.OPEN_TRUNCATE:
-            node = self._nodes.get(self._lookup(path).inode)
-            if node is not None and node.handle.session_id:
-                node.truncate(path, 0)
-                return self._share(node, write, fi)
-        resp = self.meta.open(path, flags)
-        if resp.attr.type == common_pb2.DIRECTORY:
-            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        self.attrs.put(path, resp.attr)
-        return self._attach(path, resp, write, fi)
-
-    def _share(self, node: _Node, write: bool, fi) -> int:
-        resp = meta_pb2.OpenResponse(attr=node.handle.attr, session_id=node.handle.session_id)
-        return self._attach(node.handle.path, resp, write, fi)
+        node = self._node_for(self._lookup(path).inode)
+        if node is not None:
+            try:
+                # open here already: share it (the kernel checked the permissions); a write
+                # open needs the node's session, a truncating one cuts the file first
+                if node.handle.session_id or flags == meta_pb2.OPEN_READ:
+                    if flags & meta_pb2.OPEN_TRUNCATE:
+                        self._changed(path, node.truncate(path, 0))
+                    fh = self._add_handle(node, write)
+                    self._cache_policy(path, node, False, fi)
+                    fi.fh = fh
+                    return 0
+            finally:
+                node.lock.release()
+        return self._opened(path, self.meta.open(path, flags), write, fi)
 
     @fuse_errors
     def create(self, path: str, mode: int, fi) -> int:
@@ -754,10 +788,7 @@ class EmberFuse:
         if fi.flags & os.O_TRUNC:
             flags |= meta_pb2.OPEN_TRUNCATE
         resp = self.meta.open(path, flags, mode=mode & 0o7777)
-        if resp.attr.type == common_pb2.DIRECTORY:
-            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        self.attrs.put(path, resp.attr)
-        return self._attach(path, resp, (fi.flags & os.O_ACCMODE) != os.O_RDONLY, fi)
+        return self._opened(path, resp, (fi.flags & os.O_ACCMODE) != os.O_RDONLY, fi)
 
     def _handle(self, fh) -> _Handle:
         handle = self._handles.get(fh)
@@ -769,15 +800,10 @@ class EmberFuse:
     def readinto(self, path, out: memoryview, offset: int, fh: int) -> int:
         handle = self._handle(fh)
         node = handle.node
-        if node._pending or node._inflight:
-            node.flush_writes()  # read what was written
-        if handle.readahead is not None:
-            return handle.readahead.readinto(offset, out)
-        size = node.size
-        n = max(0, min(len(out), size - offset))
-        if n:
-            wait_all(self.fs.chunk_io.submit_into(node.handle, offset, out[:n]))
-        return n
+        with node.lock:  # every write is sent and acknowledged under it
+            if node._pending or node._inflight:
+                node.flush_writes()  # read what was written
+        return handle.readahead.readinto(offset, out)
 
     read = readinto  # what libfuse's read callback calls (see _fuse_class)
 
@@ -803,27 +829,31 @@ class EmberFuse:
 
     @fuse_errors
     def release(self, path, fh: int) -> int:
-        handle = self._handles.pop(fh, None)
+        with self._nodes_lock:
+            handle = self._handles.pop(fh, None)
         if handle is None:
             return 0
         node = handle.node
-        with self._nodes_lock:
+        with node.lock:
             node.opens -= 1
             node.writers -= handle.write
-            last_writer = handle.write and node.writers == 0
-            last = node.opens == 0
-            if last:
-                self._nodes.pop(node.inode, None)
-        if handle.readahead is not None:
-            with node.lock:
-                node.readers.discard(handle.readahead)
+            node.readers.discard(handle.readahead)
             handle.readahead.close()
-        if last_writer or (last and node.handle.session_id):
-            attr = node.close_session()
-            if attr is not None:
-                self._pages.put(attr.inode, _version(attr))
-                self._told.put(attr.inode, _version(attr))
-                self.attrs.drop(node.handle.path)
+            try:
+                if node.handle.session_id and (
+                    (handle.write and node.writers == 0) or node.opens == 0
+                ):
+                    attr = node.close_session()
+                    # before the node leaves the table: what getattr answers from then on
+                    self._recent.put(attr.inode, attr)
+                    self._pages.put(attr.inode, _version(attr))
+                    self._told.put(attr.inode, _version(attr))
+            finally:
+                if node.opens == 0:
+                    node.gone = True
+                    with self._nodes_lock:
+                        if self._nodes.get(node.inode) is node:
+                            del self._nodes[node.inode]
         return 0
 
     def flush_all(self) -> None:

@@ -310,29 +310,34 @@ register_cache(ReadaheadCache, clobber=True)
 
 
 class _Shared:
-    """A block of :class:`SharedReadahead`: its fetch and the readers copying out of it."""
+    """A block of :class:`SharedReadahead`: its fetch, the reads copying out of it, and how
+    many of its bytes they took."""
 
-    __slots__ = ("fut", "users", "dropped")
+    __slots__ = ("fut", "users", "dropped", "served", "length")
 
-    def __init__(self, fut: Future) -> None:
+    def __init__(self, fut: Future, length: int) -> None:
         self.fut = fut
         self.users = 0
         self.dropped = False
+        self.served = 0
+        self.length = length
 
 
 class SharedReadahead:
     """Readahead of one open file for reads that arrive from several threads at once.
 
     A FUSE mount's kernel sends the reads of one sequential reader from
-    several threads, so they arrive slightly out of order and overlap in
-    time; :class:`ReadaheadCache` expects one caller. Here a read counts as
-    sequential when it starts near the furthest byte read so far (within the
-    blocks kept behind it, or one block past it), and then the blocks after it
-    are fetched ahead, the window doubling with every sequential read up to
-    ``depth`` blocks. Blocks in flight are shared by every read that wants
-    them; a block is given back to the reader only when no read is still
-    copying out of it. Ranges not in flight are fetched straight into the
-    caller's buffer.
+    several threads: its readahead window (``window`` bytes) is split into
+    requests that arrive slightly out of order and overlap in time;
+    :class:`ReadaheadCache` expects one caller. Here a read counts as
+    sequential when it starts within the kernel's window around the furthest
+    byte read so far. A sequential read takes the blocks it touches whole
+    (fetched once, shared by every read that wants a piece of them) and has
+    the blocks after it fetched ahead, the window doubling with every
+    sequential read up to ``depth`` blocks. A block is given back to the
+    reader once reads took all its bytes (or it fell far behind), and only
+    when no read is still copying out of it. A read elsewhere (a seek) forgets
+    the blocks and is fetched straight into the caller's buffer.
 
     Parameters
     ----------
@@ -343,18 +348,26 @@ class SharedReadahead:
         The file's size (reads stop there); :meth:`resize` changes it.
     depth : int
         Most blocks fetched ahead.
+    window : int
+        The kernel's readahead window in bytes: how far apart the reads of
+        one sequential reader may arrive.
     """
 
-    BEHIND = 2  # blocks kept behind the furthest read, for reads that arrive late
-
-    def __init__(self, reader: BlockReader, blocksize: int, size: int, depth: int = 8) -> None:
+    def __init__(
+        self, reader: BlockReader, blocksize: int, size: int, depth: int = 8, window: int = 0
+    ) -> None:
         self.reader = reader
         self.blocksize = max(1, blocksize)
         self.size = size
         self.depth = max(0, depth)
+        # how far from the stream's front a read of it may land: the kernel has up to two
+        # windows in flight (the next one starts before the last has arrived)
+        self.span = max(2 * window, 2 * self.blocksize)
         self._lock = threading.Lock()
         self._blocks: dict[int, _Shared] = {}
-        self._front = -1  # end of the furthest read
+        self._done: set[int] = set()  # blocks whose every byte was read (not fetched again)
+        self._front = -1  # end of the furthest read of the stream
+        self._seek = -1  # end of the last read away from it
         self._streak = 0
 
     def resize(self, size: int) -> None:
@@ -376,6 +389,7 @@ class SharedReadahead:
     def _drop_all(self) -> None:
         for b in list(self._blocks):
             self._drop(b)
+        self._done.clear()
 
     def _forget(self, fut: Future) -> None:
         if fut.cancel() or not fut.done():
@@ -384,6 +398,15 @@ class SharedReadahead:
             return
         if fut.exception() is None:
             self.reader.release(fut.result())
+
+    def _near(self, front: int, start: int) -> bool:
+        return front >= 0 and front - self.span <= start <= front + self.span
+
+    def _fetch(self, b: int) -> _Shared:
+        lo = b * self.blocksize
+        hi = min(self.size, lo + self.blocksize)
+        blk = self._blocks[b] = _Shared(self.reader.submit_block(lo, hi), hi - lo)
+        return blk
 
     def readinto(self, start: int, out: memoryview) -> int:
         """Read the bytes at ``start`` into ``out``; returns how many (short at the end)."""
@@ -394,30 +417,36 @@ class SharedReadahead:
             if start >= stop:
                 return 0
             first, last = start // bs, (stop - 1) // bs
-            front = self._front
-            near = front >= 0 and front - self.BEHIND * bs <= start <= front + bs
+            near = self._near(self._front, start)
+            if not near and self._near(self._seek, start):
+                # reads go on from where an earlier one jumped to: that is the stream now
+                self._front, self._seek, self._streak, near = self._seek, -1, 0, True
+                keep = range(self._front // bs - self.span // bs - 1, last + self.depth + 1)
+                for b in [b for b in self._blocks if b not in keep]:
+                    self._drop(b)
+                self._done.clear()
             if near:
                 self._streak += 1
-                self._front = max(front, stop)
-            else:
-                self._streak = 0
-                self._front = stop
-                self._drop_all()
-            window = min(self.depth, 1 << min(self._streak - 1, 16)) if self._streak else 0
-            last_block = (self.size - 1) // bs
-            for b in range(last + 1, min(last + window, last_block) + 1):
-                if b not in self._blocks:
-                    lo = b * bs
-                    self._blocks[b] = _Shared(self.reader.submit_block(lo, min(self.size, lo + bs)))
-            behind = self._front // bs - self.BEHIND
-            for b in [b for b in self._blocks if b < behind]:
-                self._drop(b)
+                self._front = max(self._front, stop)
+            else:  # a jump, or a read that ran far ahead of the others: read just it
+                self._seek = stop
             shared = {}
             for b in range(first, last + 1):
                 blk = self._blocks.get(b)
+                if blk is None and near:
+                    blk = self._fetch(b)
                 if blk is not None:
                     blk.users += 1
                     shared[b] = blk
+            window = min(self.depth, 1 << min(self._streak - 1, 16)) if self._streak else 0
+            last_block = (self.size - 1) // bs
+            for b in range(last + 1, min(last + window, last_block) + 1):
+                if b not in self._blocks and b not in self._done:
+                    self._fetch(b)
+            behind = (self._front - self.span) // bs
+            for b in [b for b in self._blocks if b < behind]:
+                self._drop(b)
+            self._done = {b for b in self._done if b >= behind}
         n = stop - start
         futures: list[Future] = []
         try:
@@ -437,15 +466,20 @@ class SharedReadahead:
                 lo, hi = max(start, b * bs), min(stop, (b + 1) * bs)
                 data = memoryview(blk.fut.result())
                 out[lo - start : hi - start] = data[lo - b * bs : hi - b * bs]
+                blk.served += hi - lo
         finally:
             wait(futures)  # never return while a fetch may still write into ``out``
             with self._lock:
                 for b, blk in shared.items():
                     blk.users -= 1
-                    if blk.fut.done() and blk.fut.exception() is not None and not blk.dropped:
+                    if blk.dropped:
+                        if blk.users == 0:
+                            self._forget(blk.fut)
+                    elif blk.fut.done() and blk.fut.exception() is not None:
                         self._drop(b)  # a failed block is fetched again next time
-                    elif blk.dropped and blk.users == 0:
-                        self._forget(blk.fut)
+                    elif blk.served >= blk.length and self._blocks.get(b) is blk:
+                        self._drop(b)  # every byte of it was read
+                        self._done.add(b)
         for fut in futures:
             fut.result()
         return n

@@ -182,3 +182,60 @@ def test_readinto_stream_receives_sent_blocks_in_place(source):
     cache.close()
     unused = [r for r in sent if (r.start, r.end) not in source.received and r.ok]
     assert all(r.cancelled for r in unused)
+
+
+# SharedReadahead: the reads of one sequential reader as a FUSE kernel sends them ---------------
+
+
+def _kernel_reads(size: int, request: int, window: int, seed: int) -> list[tuple[int, int]]:
+    """Requests of ``request`` bytes covering the file, shuffled within each ``window``."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for w in range(0, size, window):
+        part = [(o, min(request, size - o)) for o in range(w, min(size, w + window), request)]
+        rng.shuffle(part)
+        out.extend(part)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 6])
+def test_shared_readahead_fetches_each_block_once_from_reordered_concurrent_reads(threads):
+    from emberfs.client.readahead import SharedReadahead
+
+    size = 64 * BS + 321
+    with ThreadPoolExecutor(4) as pool:
+        src = Source(os.urandom(size), pool)
+        ra = SharedReadahead(src, 4 * BS, size, depth=4, window=16 * BS)
+        reads = _kernel_reads(size, BS, 16 * BS, seed=threads)
+
+        def read(req):
+            start, n = req
+            buf = bytearray(n)
+            assert ra.readinto(start, memoryview(buf)) == n
+            return start, bytes(buf)
+
+        with ThreadPoolExecutor(threads) as callers:
+            for start, got in callers.map(read, reads):
+                assert got == src.data[start : start + len(got)]
+        fetched = sum(hi - lo for lo, hi in src.blocks) + sum(hi - lo for lo, hi in src.into)
+        assert fetched <= size + 4 * BS, (fetched, size)  # each block once (and one spare)
+        assert ra._blocks == {} or all(b.served < b.length for b in ra._blocks.values())
+        ra.close()
+
+
+def test_shared_readahead_seek_reads_only_what_is_asked():
+    from emberfs.client.readahead import SharedReadahead
+
+    size = 64 * BS
+    with ThreadPoolExecutor(4) as pool:
+        src = Source(os.urandom(size), pool)
+        ra = SharedReadahead(src, 4 * BS, size, depth=4, window=8 * BS)
+        for start in (50 * BS, 3 * BS, 30 * BS + 7):
+            buf = bytearray(100)
+            assert ra.readinto(start, memoryview(buf)) == 100
+            assert bytes(buf) == src.data[start : start + 100]
+        assert src.blocks == [] and len(src.into) == 3
+        ra.resize(10)
+        assert ra.readinto(5, memoryview(bytearray(100))) == 5

@@ -329,3 +329,48 @@ def test_read_only_mount(cluster, mounter, efs, mdir):
         with pytest.raises(OSError) as info:
             call()
         assert info.value.errno == errno.EROFS
+
+
+def test_descriptors_of_one_file_share_it(mdir):
+    """Several descriptors of one file: sessions, lengths and reads stay right (regressions)."""
+    local, _ = mdir
+    p, q = f"{local}/shared", f"{local}/renamed"
+    # a second open of a file open for writing leaves its session alone
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    r = os.open(p, os.O_RDONLY)
+    os.write(fd, b"hello")
+    os.fsync(fd)
+    assert os.pread(r, 10, 0) == b"hello"
+    os.close(r)
+    # stat after close answers the length the writes made, also under a new name
+    os.rename(p, q)
+    os.stat(q)
+    os.write(fd, b"x" * 100)
+    os.close(fd)
+    assert os.stat(q).st_size == 105 and open(q, "rb").read() == b"hello" + b"x" * 100
+    fd = os.open(q, os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    os.write(fd, b"y" * 100)
+    os.close(fd)
+    assert os.stat(q).st_size == 100
+    # a write open right after the last writer closed, with a reader open meanwhile
+    other = os.open(q, os.O_RDONLY)
+    w1 = os.open(q, os.O_WRONLY)
+    os.pwrite(w1, b"1" * 1000, 0)
+    os.close(w1)
+    w2 = os.open(q, os.O_WRONLY | os.O_APPEND)
+    os.write(w2, b"2" * 1000)
+    os.fsync(w2)
+    os.close(w2)
+    assert os.pread(other, 4000, 0) == b"1" * 1000 + b"2" * 1000
+    os.close(other)
+    # one read(2) the kernel splits into several requests sees every earlier write
+    fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.pwrite(fd, b"h" * 100, 342228)
+    os.pread(fd, 780, 0)
+    os.pwrite(fd, b"a" * 3220, 17737)
+    assert os.pread(fd, 170999, 0)[17737:20957] == b"a" * 3220
+    os.close(fd)
+    # O_RDONLY|O_TRUNC truncates, as Linux does
+    os.close(os.open(q, os.O_RDONLY | os.O_TRUNC))
+    assert os.stat(q).st_size == 0
