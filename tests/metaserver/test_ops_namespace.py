@@ -518,9 +518,9 @@ def test_setattr_no_follow_changes_the_symlink_itself(store):
     assert link.type == common_pb2.SYMLINK and link.mtime_ns == 777
     assert stat(ns, "/f").mtime_ns == before.mtime_ns
     assert ns.setattr(meta_pb2.SetAttrRequest(path="/l", mtime_ns=5)).attr.inode == before.inode
-    assert ns.setattr(
-        meta_pb2.SetAttrRequest(path="/dangling", uid=3, no_follow=True)
-    ).attr.uid == 3
+    assert (
+        ns.setattr(meta_pb2.SetAttrRequest(path="/dangling", uid=3, no_follow=True)).attr.uid == 3
+    )
     with pytest.raises(errors.NotFound):
         ns.setattr(meta_pb2.SetAttrRequest(path="/dangling", uid=3))
 
