@@ -319,7 +319,9 @@ class _Node:
 
     def _learn(self, attr: common_pb2.InodeAttr) -> None:
         """New attributes from the metaserver (the local length still counts)."""
-        size = max(self.size, attr.size) if self._pending or self._inflight else attr.size
+        # writes the metaserver has no length for yet (buffered, in flight, or not synced)
+        unsynced = self._pending or self._inflight or self.dirty
+        size = max(self.size, attr.size) if unsynced else attr.size
         self.handle.attr.CopyFrom(attr)
         self._set_size(size)
 
@@ -728,8 +730,7 @@ class EmberFuse:
                     self.fs.sessions.register(node.handle)
                 elif resp.session_id:  # the node has a session already: end the new one
                     self.meta.close_file(attr.inode, resp.session_id, 0, wrote=False, path=path)
-                if not node._pending and not node._inflight:
-                    node._learn(attr)
+                node._learn(attr)
             fh = self._add_handle(node, write)
             self._cache_policy(path, node, fresh, fi)
         finally:

@@ -374,3 +374,20 @@ def test_descriptors_of_one_file_share_it(mdir):
     # O_RDONLY|O_TRUNC truncates, as Linux does
     os.close(os.open(q, os.O_RDONLY | os.O_TRUNC))
     assert os.stat(q).st_size == 0
+
+
+def test_attribute_changes_keep_the_length_of_unsynced_writes(mdir, efs):
+    local, remote = mdir
+    p = f"{local}/grow"
+    payload = os.urandom(5 * 1024 * 1024 + 10)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, payload)
+        assert os.pread(fd, 10, len(payload) - 10) == payload[-10:]  # sent, not yet synced
+        os.chmod(p, 0o600)
+        os.chown(p, 0, 0)
+        assert os.fstat(fd).st_size == len(payload)
+    finally:
+        os.close(fd)
+    assert os.stat(p).st_size == len(payload)
+    assert efs.cat_file(f"{remote}/grow") == payload
