@@ -381,7 +381,7 @@ class _Handle:
 
     __slots__ = ("node", "write", "readahead")
 
-    def __init__(self, node: _Node, write: bool, readahead: SharedReadahead | None) -> None:
+    def __init__(self, node: _Node, write: bool, readahead: SharedReadahead) -> None:
         self.node = node
         self.write = write
         self.readahead = readahead
@@ -412,7 +412,6 @@ class EmberFuse:
         self._recent = _Versions()  # attributes of files last closed or changed here
         self._told = _Versions()  # version of the attributes the kernel was last given
         self.ready = threading.Event()
-        self.uid, self.gid = os.getuid(), os.getgid()
 
     @property
     def meta(self):
@@ -856,11 +855,6 @@ class EmberFuse:
                         if self._nodes.get(node.inode) is node:
                             del self._nodes[node.inode]
         return 0
-
-    def flush_all(self) -> None:
-        """Every open file's writes durable (used before an unmount)."""
-        for node in list(self._nodes.values()):
-            node.sync()
 
 
 def _fuse_class():
