@@ -65,7 +65,6 @@ RENAME_EXCHANGE = 2
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 STATFS_BLOCK = 4096
-MAX_THREADS = 64  # libfuse's request threads at most
 REMEMBERED_VERSIONS = 65536  # inodes whose cached pages and attributes are remembered
 
 
@@ -915,7 +914,6 @@ def serve(operations: EmberFuse, mountpoint: str, *, debug: bool = False, fsname
         "fsname": fsname.replace("\\", "\\\\").replace(",", "\\,"),  # -o splits at commas
         "subtype": "emberfs",
         "default_permissions": True,
-        "max_threads": MAX_THREADS,
     }
     if options.read_only:
         kwargs["ro"] = True
