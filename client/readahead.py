@@ -419,12 +419,10 @@ class SharedReadahead:
             first, last = start // bs, (stop - 1) // bs
             near = self._near(self._front, start)
             if not near and self._near(self._seek, start):
-                # reads go on from where an earlier one jumped to: that is the stream now
+                # reads go on from where an earlier one jumped to: that is the stream now.
+                # Nothing is dropped: two reads that arrived late look the same, and the
+                # blocks of the stream they lag behind are still wanted.
                 self._front, self._seek, self._streak, near = self._seek, -1, 0, True
-                keep = range(self._front // bs - self.span // bs - 1, last + self.depth + 1)
-                for b in [b for b in self._blocks if b not in keep]:
-                    self._drop(b)
-                self._done.clear()
             if near:
                 self._streak += 1
                 self._front = max(self._front, stop)
