@@ -12,7 +12,8 @@ runtime, each straight into (or out of) its piece of one buffer:
   :meth:`~ChunkIO.release_block` takes back;
 * :meth:`~ChunkIO.start_block` sends a block's read now and leaves its answer
   in the socket (:mod:`emberfs.client.lanes`);
-* :meth:`~ChunkIO.submit_write` writes a piece of one chunk through its chain;
+* :meth:`~ChunkIO.submit_write` writes a piece of one chunk through its chain, and
+  :class:`ChunkWrites` keeps an open file's writes in flight, bounded and in order;
 * :meth:`~ChunkIO.read_range` and :meth:`~ChunkIO.start_reads` read ranges of
   one file or of many into result buffers
   (:class:`~emberfs.client.buffers.ResultBuffer`).
@@ -24,6 +25,7 @@ runtime, each straight into (or out of) its piece of one buffer:
 from __future__ import annotations
 
 import errno
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING
@@ -237,3 +239,63 @@ class HandleReader:
     def release(self, buf) -> None:
         """Take back the buffer of a block the cache is done with."""
         self.chunk_io.release_block(buf)
+
+
+class ChunkWrites:
+    """The chunk writes of one open file in flight, as a writer sends them.
+
+    At most ``depth`` are in flight, and writes to one chunk stay in the order
+    they were sent (a write waits for the earlier ones to its chunk). The first
+    failure (with ``path`` as the error's file name) is kept as :attr:`failed`
+    and raised by every later :meth:`send`.
+
+    Parameters
+    ----------
+    chunk_io : ChunkIO
+    handle : OpenHandle
+    depth : int
+    path : str
+    """
+
+    def __init__(self, chunk_io: ChunkIO, handle: OpenHandle, depth: int, path: str) -> None:
+        self._io = chunk_io
+        self._handle = handle
+        self._depth = max(1, depth)
+        self._path = path
+        self._inflight: deque[tuple[int, Future]] = deque()
+        self.failed: BaseException | None = None
+
+    def __bool__(self) -> bool:
+        """True while writes are in flight."""
+        return bool(self._inflight)
+
+    def send(self, offset: int, data) -> None:
+        """Start a write of ``data`` at file ``offset`` (within one chunk)."""
+        if self.failed is not None:
+            raise self.failed
+        index = offset // self._handle.chunk_size
+        while self._inflight and (
+            len(self._inflight) >= self._depth or any(i == index for i, _ in self._inflight)
+        ):
+            self._reap(self._inflight.popleft()[1])
+        self._inflight.append((index, self._io.submit_write(self._handle, offset, data)))
+
+    def _reap(self, fut: Future) -> None:
+        try:
+            fut.result()
+        except BaseException as exc:
+            if isinstance(exc, OSError) and exc.filename is None:
+                exc.filename = self._path  # the file whose write failed
+            if self.failed is None:
+                self.failed = exc
+            raise
+
+    def wait_all(self) -> None:
+        """Wait until the chains hold every write sent; raises the first that failed."""
+        while self._inflight:
+            self._reap(self._inflight.popleft()[1])
+
+    def abandon(self) -> None:
+        """Wait for the writes in flight without raising (after a failure) and forget them."""
+        wait([f for _, f in self._inflight])
+        self._inflight.clear()

@@ -17,13 +17,11 @@ fail with ESTALE.
 from __future__ import annotations
 
 import errno
-from collections import deque
-from concurrent.futures import Future, wait
 
 from fsspec.spec import AbstractBufferedFile
 
 from emberfs.client.buffers import as_bytes, result_buffer
-from emberfs.client.chunkio import wait_all
+from emberfs.client.chunkio import ChunkWrites, wait_all
 from emberfs.client.handles import OpenHandle, attr_info, stale_session
 from emberfs.client.readahead import ReadaheadCache
 
@@ -92,8 +90,7 @@ class EmberFile(AbstractBufferedFile):
             self.loc = self._start
             self._pending = bytearray()
             self._pending_at = self._start  # file offset of _pending[0]
-            self._inflight: deque[tuple[int, Future]] = deque()
-            self._failed: BaseException | None = None
+            self._writes = ChunkWrites(self._io, handle, fs.write_depth, path)
             if handle.session_id:
                 fs.sessions.register(handle)
 
@@ -180,30 +177,11 @@ class EmberFile(AbstractBufferedFile):
 
     def _send(self, offset: int, data) -> None:
         """Queue a write of ``data`` at file ``offset`` (within one chunk)."""
-        if self._failed is not None:
-            raise self._failed
+        if self._writes.failed is not None:
+            raise self._writes.failed
         if self.handle.expired:
             raise stale_session(self.path)
-        cs = self.handle.chunk_size
-        index = offset // cs
-        # writes to one chunk stay ordered; the number in flight stays bounded
-        while self._inflight and (
-            len(self._inflight) >= self.fs.write_depth or any(i == index for i, _ in self._inflight)
-        ):
-            self._reap(self._inflight.popleft()[1])
-        self._inflight.append(
-            (index, self._io.submit_write(self.handle, offset, data)),
-        )
-
-    def _reap(self, fut: Future) -> None:
-        try:
-            fut.result()
-        except BaseException as exc:
-            if isinstance(exc, OSError) and exc.filename is None:
-                exc.filename = self.path  # the file whose write failed
-            if self._failed is None:
-                self._failed = exc
-            raise
+        self._writes.send(offset, data)
 
     def write(self, data) -> int:
         """Buffer ``data``; every completed chunk is sent at once."""
@@ -240,8 +218,7 @@ class EmberFile(AbstractBufferedFile):
             self._send(self._pending_at, data)
             self._pending_at += len(data)
         if final:
-            while self._inflight:
-                self._reap(self._inflight.popleft()[1])
+            self._writes.wait_all()
         return True
 
     def flush(self, force: bool = False) -> None:
@@ -270,8 +247,7 @@ class EmberFile(AbstractBufferedFile):
                 self.flush(force=True)
         except BaseException as exc:
             error = exc
-            wait([f for _, f in self._inflight])
-            self._inflight.clear()
+            self._writes.abandon()
         finally:
             self.closed = True
         h = self.handle

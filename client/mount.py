@@ -48,10 +48,10 @@ import os
 import stat
 import threading
 import time
-from collections import OrderedDict, deque
-from concurrent.futures import Future, wait
+from collections import OrderedDict
 from dataclasses import dataclass
 
+from emberfs.client.chunkio import ChunkWrites
 from emberfs.client.handles import OpenHandle, stale_session
 from emberfs.client.readahead import SharedReadahead
 from emberfs.proto import common_pb2, meta_pb2
@@ -216,8 +216,7 @@ class _Node:
         self.readers: set[SharedReadahead] = set()
         self._pending = bytearray()
         self._pending_at = 0
-        self._inflight: deque[tuple[int, Future]] = deque()
-        self._failed: BaseException | None = None
+        self._writes = ChunkWrites(mount.fs.chunk_io, handle, mount.fs.write_depth, handle.path)
         self.dirty = False  # written since the last Sync or Close
         self.gone = False  # its last descriptor closed: no longer in the mount's table
 
@@ -253,15 +252,12 @@ class _Node:
                     self._pending_at = boundary
             end = offset + n
             self.dirty = True
-            if end > self.size:
-                self.handle.attr.size = end
-            for r in self.readers:
-                r.resize(self.size)
+            self._set_size(max(self.size, end))  # readers forget blocks this write changed
             return n
 
     def _check(self) -> None:
-        if self._failed is not None:
-            raise self._failed
+        if self._writes.failed is not None:
+            raise self._writes.failed
         if self.handle.expired:
             raise stale_session(self.handle.path)
         if not self.handle.session_id:
@@ -273,35 +269,19 @@ class _Node:
         data, self._pending = self._pending, bytearray()
         at = self._pending_at
         self._pending_at += len(data)
-        index = at // self.handle.chunk_size
-        while self._inflight and (
-            len(self._inflight) >= self.mount.fs.write_depth
-            or any(i == index for i, _ in self._inflight)
-        ):
-            self._reap(self._inflight.popleft()[1])
-        self._inflight.append((index, self.mount.fs.chunk_io.submit_write(self.handle, at, data)))
-
-    def _reap(self, fut: Future) -> None:
-        try:
-            fut.result()
-        except BaseException as exc:
-            if self._failed is None:
-                self._failed = exc
-            raise
+        self._writes.send(at, data)
 
     def flush_writes(self) -> None:
         """Send the buffered writes and wait until the chains hold all of them."""
         with self.lock:
             try:
                 self._send_pending()
-                while self._inflight:
-                    self._reap(self._inflight.popleft()[1])
+                self._writes.wait_all()
             except BaseException:
-                wait([f for _, f in self._inflight])
-                self._inflight.clear()
+                self._writes.abandon()
                 raise
-            if self._failed is not None:
-                raise self._failed
+            if self._writes.failed is not None:
+                raise self._writes.failed
 
     def sync(self) -> None:
         """Make every write durable and the length exact on the metaserver (fsync, close(2))."""
@@ -319,7 +299,7 @@ class _Node:
     def _learn(self, attr: common_pb2.InodeAttr) -> None:
         """New attributes from the metaserver (the local length still counts)."""
         # writes the metaserver has no length for yet (buffered, in flight, or not synced)
-        unsynced = self._pending or self._inflight or self.dirty
+        unsynced = self._pending or self._writes or self.dirty
         size = max(self.size, attr.size) if unsynced else attr.size
         self.handle.attr.CopyFrom(attr)
         self._set_size(size)
@@ -800,7 +780,7 @@ class EmberFuse:
         handle = self._handle(fh)
         node = handle.node
         with node.lock:  # every write is sent and acknowledged under it
-            if node._pending or node._inflight:
+            if node._pending or node._writes:
                 node.flush_writes()  # read what was written
         return handle.readahead.readinto(offset, out)
 
