@@ -36,6 +36,16 @@ CONFIG = b"CONF"  # CONF + name                       -> value
 LEADER = b"LEAD"  # LEAD                               -> LeaderInfo (JSON)
 # subtrees a recursive remove detached, to be deleted in slices
 TRASH = b"TRSH"  # TRSH + inode id (u64 BE)            -> b"" (the detached directory)
+# KV caches (emberfs.metaserver.kvindex); a cache id is its directory's inode id (u64 BE)
+KV_CACHE = b"KVCC"  # KVCC + cache id                  -> KvCacheRecord (kvcache.proto)
+KV_ENTRY = b"KVCE"  # KVCE + cache id + key            -> index entry (kvindex.Entry)
+KV_RECENT = b"KVCR"  # KVCR + cache id + stamp (u64 BE) + key -> b"" (least recently used first)
+KV_FREE = b"KVCF"  # KVCF + cache id + slot (u64 BE)   -> b"" (a slot given back)
+KV_FILL = b"KVCH"  # KVCH + cache id                   -> next untouched slab (u64 BE)
+#                   KVCH + cache id + slab (u64 BE)    -> slots of that slab handed out (u64 BE)
+#                   KVCH + cache id + "F"              -> b"" once every slot was handed out
+KV_WRITER = b"KVCW"  # KVCW + cache id + client id      -> the writer's slab (u64 BE)
+KV_STATS = b"KVCS"  # KVCS + cache id + shard (u8)     -> counters (kvindex.Counters)
 
 ALL_PREFIXES = (
     INODE,
@@ -52,6 +62,13 @@ ALL_PREFIXES = (
     CONFIG,
     LEADER,
     TRASH,
+    KV_CACHE,
+    KV_ENTRY,
+    KV_RECENT,
+    KV_FREE,
+    KV_FILL,
+    KV_WRITER,
+    KV_STATS,
 )
 
 # names of the CONF keys

@@ -271,7 +271,8 @@ def _sweep_loop(
     leading: Callable[[], bool] = lambda: True,
     extra: Sequence[tuple[float, Callable[[], object], str]] = (),
 ) -> None:
-    """The sweeps: GC, write sessions, retry records, detached trees (and ``extra`` jobs),
+    """The sweeps: GC, write sessions, retry records, detached trees, the index of removed KV
+    caches (and ``extra`` jobs),
     each at its own interval, on the metaserver that leads.
 
     ``interval`` is the loop's step. A job that fails is logged and runs again
@@ -283,6 +284,7 @@ def _sweep_loop(
         (session_interval, namespace.expire_sessions, "write session expiry"),
         (RETRY_SWEEP_INTERVAL, namespace.prune_retry_records, "retry record sweep"),
         (TRASH_SWEEP_INTERVAL, namespace.purge_detached, "detached tree sweep"),
+        (TRASH_SWEEP_INTERVAL, namespace.kvcaches.sweep_removed, "removed KV cache sweep"),
         *extra,
     ]
     waited = [0.0] * len(jobs)

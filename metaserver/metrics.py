@@ -220,6 +220,59 @@ class ClusterCollector(Collector):
                 "Files whose shrinking truncation storage may not have cut yet.",
                 value=counts["pending_cuts"],
             )
+            yield from _kvcache_metrics(self.namespace.kvcaches.totals())
+
+
+def _kvcache_metrics(totals) -> Iterator[Metric]:
+    """The counters and use of every KV cache (:mod:`emberfs.metaserver.kvindex`), by path."""
+    labels = ["cache"]
+    counters = {
+        "hits": CounterMetricFamily(
+            "emberfs_kvcache_hits", "KV cache blocks found by gets.", labels=labels
+        ),
+        "misses": CounterMetricFamily(
+            "emberfs_kvcache_misses", "KV cache keys gets did not find.", labels=labels
+        ),
+        "hit_bytes": CounterMetricFamily(
+            "emberfs_kvcache_hit_bytes", "Bytes of the KV cache blocks found.", labels=labels
+        ),
+        "puts": CounterMetricFamily(
+            "emberfs_kvcache_puts", "Blocks stored in a KV cache.", labels=labels
+        ),
+        "put_bytes": CounterMetricFamily(
+            "emberfs_kvcache_put_bytes", "Bytes of the blocks stored.", labels=labels
+        ),
+        "evictions": CounterMetricFamily(
+            "emberfs_kvcache_evictions",
+            "Blocks evicted (least recently used first) to make room.",
+            labels=labels,
+        ),
+    }
+    used = GaugeMetricFamily(
+        "emberfs_kvcache_used_blocks", "Blocks a KV cache holds.", labels=labels
+    )
+    used_bytes = GaugeMetricFamily(
+        "emberfs_kvcache_used_bytes", "Bytes of the blocks a KV cache holds.", labels=labels
+    )
+    capacity = GaugeMetricFamily(
+        "emberfs_kvcache_capacity_blocks", "Blocks a KV cache can hold.", labels=labels
+    )
+    hit_ratio = GaugeMetricFamily(
+        "emberfs_kvcache_hit_ratio",
+        "Hits over the keys gets asked for, since the cache was made.",
+        labels=labels,
+    )
+    for rec, c in totals:
+        name = [rec.path or str(rec.cache_id)]
+        for field, family in counters.items():
+            family.add_metric(name, getattr(c, field))
+        used.add_metric(name, max(0, c.blocks))
+        used_bytes.add_metric(name, max(0, c.bytes))
+        capacity.add_metric(name, rec.geometry.capacity_slots)
+        asked = c.hits + c.misses
+        hit_ratio.add_metric(name, c.hits / asked if asked else 0.0)
+    yield from counters.values()
+    yield from (used, used_bytes, capacity, hit_ratio)
 
 
 class _Forward(Collector):

@@ -46,6 +46,7 @@ from emberfs.metaserver import (
 )
 from emberfs.metaserver.grace import Grace
 from emberfs.metaserver.kv import Conflict, KVEngine, Transaction, run_transaction
+from emberfs.metaserver.kvindex import KVIndex
 from emberfs.metaserver.leases import Leases
 from emberfs.metaserver.opcontext import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.metaserver.ops import (
@@ -157,6 +158,8 @@ class Namespace:
             paths=lookup.PathCache() if engine.shared else None,
         )
         self._cuts = None if truncate_chunks is None else cuts.PendingCuts(engine, truncate_chunks)
+        # the index of the KV caches whose directories this namespace holds
+        self.kvcaches = KVIndex(engine, clock)
         self._counts_lock = threading.Lock()
         self._prune_lock = threading.Lock()
         self._hints = idempotency.PruneHints()

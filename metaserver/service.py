@@ -24,6 +24,7 @@ import grpc
 from emberfs.common import errors
 from emberfs.common.auth import ClusterKeys
 from emberfs.metaserver import access
+from emberfs.metaserver.kvservice import KVCacheCalls
 from emberfs.metaserver.namespace import Namespace
 from emberfs.metaserver.opcontext import Credentials
 from emberfs.proto import common_pb2, meta_pb2, meta_pb2_grpc
@@ -50,6 +51,7 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
         self.namespace = namespace
         self.keys = keys
         self.capability_ttl = capability_ttl
+        self.kv = KVCacheCalls(namespace, keys, capability_ttl)
 
     def _capability(
         self, ctx: common_pb2.RequestContext, attr: common_pb2.InodeAttr, write: bool
@@ -157,6 +159,34 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
 
     def Ping(self, request, context):
         return meta_pb2.PingResponse()
+
+    # the KV cache block store's index
+    def KvCreate(self, request, context):
+        return self._call(self.kv.create, request, context)
+
+    def KvOpen(self, request, context):
+        return self._call(self.kv.open, request, context)
+
+    def KvLookup(self, request, context):
+        return self._call(self.kv.lookup, request, context)
+
+    def KvReserve(self, request, context):
+        return self._call(self.kv.reserve, request, context)
+
+    def KvCommit(self, request, context):
+        return self._call(self.kv.commit, request, context)
+
+    def KvDelete(self, request, context):
+        return self._call(self.kv.delete, request, context)
+
+    def KvList(self, request, context):
+        return self._call(self.kv.list, request, context)
+
+    def KvStats(self, request, context):
+        return self._call(self.kv.stats, request, context)
+
+    def KvClear(self, request, context):
+        return self._call(self.kv.clear, request, context)
 
 
 def add_to_server(servicer: MetaServicer, server: grpc.Server) -> None:

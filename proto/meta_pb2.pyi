@@ -1,4 +1,5 @@
 from emberfs.proto import common_pb2 as _common_pb2
+from emberfs.proto import kvcache_pb2 as _kvcache_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from emberfs.proto import kvcache_pb2 as emberfs_dot_proto_dot_kvcache__pb2
 from emberfs.proto import meta_pb2 as emberfs_dot_proto_dot_meta__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -154,6 +155,51 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.FromString,
                 _registered_method=True)
+        self.KvCreate = channel.unary_unary(
+                '/emberfs.MetaService/KvCreate',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvCreateRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvCacheInfo.FromString,
+                _registered_method=True)
+        self.KvOpen = channel.unary_unary(
+                '/emberfs.MetaService/KvOpen',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvOpenRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvCacheInfo.FromString,
+                _registered_method=True)
+        self.KvLookup = channel.unary_unary(
+                '/emberfs.MetaService/KvLookup',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvLookupRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvLookupResponse.FromString,
+                _registered_method=True)
+        self.KvReserve = channel.unary_unary(
+                '/emberfs.MetaService/KvReserve',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvReserveRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvReserveResponse.FromString,
+                _registered_method=True)
+        self.KvCommit = channel.unary_unary(
+                '/emberfs.MetaService/KvCommit',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvCommitRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvCommitResponse.FromString,
+                _registered_method=True)
+        self.KvDelete = channel.unary_unary(
+                '/emberfs.MetaService/KvDelete',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvDeleteRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvDeleteResponse.FromString,
+                _registered_method=True)
+        self.KvList = channel.unary_unary(
+                '/emberfs.MetaService/KvList',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvListRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvListResponse.FromString,
+                _registered_method=True)
+        self.KvStats = channel.unary_unary(
+                '/emberfs.MetaService/KvStats',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvStatsRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvStatsResponse.FromString,
+                _registered_method=True)
+        self.KvClear = channel.unary_unary(
+                '/emberfs.MetaService/KvClear',
+                request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -303,6 +349,61 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KvCreate(self, request, context):
+        """the KV cache block store's index (kvcache.proto)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvOpen(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvLookup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvReserve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvDelete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvClear(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -425,6 +526,51 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Authorize,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.SerializeToString,
+            ),
+            'KvCreate': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvCreate,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvCreateRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvCacheInfo.SerializeToString,
+            ),
+            'KvOpen': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvOpen,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvOpenRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvCacheInfo.SerializeToString,
+            ),
+            'KvLookup': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvLookup,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvLookupRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvLookupResponse.SerializeToString,
+            ),
+            'KvReserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvReserve,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvReserveRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvReserveResponse.SerializeToString,
+            ),
+            'KvCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvCommit,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvCommitRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvCommitResponse.SerializeToString,
+            ),
+            'KvDelete': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvDelete,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvDeleteRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvDeleteResponse.SerializeToString,
+            ),
+            'KvList': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvList,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvListRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvListResponse.SerializeToString,
+            ),
+            'KvStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvStats,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvStatsRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvStatsResponse.SerializeToString,
+            ),
+            'KvClear': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvClear,
+                    request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1075,6 +1221,249 @@ class MetaService:
             '/emberfs.MetaService/Authorize',
             emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvCreate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvCreate',
+            emberfs_dot_proto_dot_kvcache__pb2.KvCreateRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvCacheInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvOpen(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvOpen',
+            emberfs_dot_proto_dot_kvcache__pb2.KvOpenRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvCacheInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvLookup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvLookup',
+            emberfs_dot_proto_dot_kvcache__pb2.KvLookupRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvLookupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvReserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvReserve',
+            emberfs_dot_proto_dot_kvcache__pb2.KvReserveRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvCommit',
+            emberfs_dot_proto_dot_kvcache__pb2.KvCommitRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvDelete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvDelete',
+            emberfs_dot_proto_dot_kvcache__pb2.KvDeleteRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvDeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvList',
+            emberfs_dot_proto_dot_kvcache__pb2.KvListRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvStats',
+            emberfs_dot_proto_dot_kvcache__pb2.KvStatsRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvClear(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/KvClear',
+            emberfs_dot_proto_dot_kvcache__pb2.KvClearRequest.SerializeToString,
+            emberfs_dot_proto_dot_kvcache__pb2.KvClearResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_LEVEL = ["common", "proto", "metaserver", "storageserver", "client", "cli"]
+TOP_LEVEL = ["common", "proto", "metaserver", "storageserver", "client", "kvcache", "cli"]
 
 
 def _config():

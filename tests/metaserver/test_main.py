@@ -528,6 +528,11 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
         def purge_detached(self):
             return 0
 
+        class kvcaches:  # noqa: N801 - stands for the namespace's KVIndex attribute
+            @staticmethod
+            def sweep_removed():
+                return 0
+
     loop = threading.Thread(
         target=meta_main._sweep_loop, args=(GCQueue(), Namespace(), stop, 0.01, 1.0)
     )
