@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "mount": ("emberfs.cli.mount", "main", "mount EmberFS as a file system (FUSE)"),
     "umount": ("emberfs.cli.mount", "main_umount", "unmount an EmberFS mount"),
     "bench": ("emberfs.cli.bench", "main", "benchmark throughput, latency and metadata rates"),
+    "kvcache": ("emberfs.cli.kvcache", "main", "make, inspect and size KV caches for inference"),
 }
 
 

@@ -24,7 +24,7 @@ def parse_size(text: str) -> int:
     number = t[: len(t) - len(unit)]
     try:
         value = int(float(number) * _UNITS[unit])
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "inf", "1e400"
         raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"negative size: {text!r}")

@@ -187,10 +187,6 @@ class KVCache:
         """
         fs = fs if fs is not None else EmberFileSystem(**fs_options)
         path = fs._strip_protocol(path)
-        try:
-            geometry = kvgeometry.plan(block_size, capacity, slab_size)
-        except ValueError as exc:
-            raise ValueError(f"cannot make a KV cache at {path}: {exc}") from None
         meta = fs._meta
         try:
             existing = cls(path, fs=fs)
@@ -206,6 +202,10 @@ class KVCache:
                     path,
                 )
             return existing
+        try:
+            geometry = kvgeometry.plan(block_size, capacity, slab_size)
+        except ValueError as exc:
+            raise ValueError(f"cannot make a KV cache at {path}: {exc}") from None
         if not fs.isdir(path):
             meta.mkdir(path, parents=True, mode=mode)
         layout = common_pb2.Layout(chunk_size=geometry.chunk_size, stripe=MAX_STRIPE)

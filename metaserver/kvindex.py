@@ -314,11 +314,11 @@ class KVIndex:
     ) -> kvcache_pb2.KvCacheInfo:
         """The cache whose directory is ``directory`` (found at ``path``): geometry, slabs, chains."""
         if directory.type != common_pb2.DIRECTORY:
-            raise NotADirectory(f"{path} is not a KV cache directory")
+            raise NotADirectory("not a KV cache directory")
         access.check(directory, creds, access.READ, path)
         cache = directory.inode
         if run_transaction(self.engine, lambda txn: txn.get(cache_key(cache))) is None:
-            raise NotFound(f"{path} is not a KV cache")
+            raise NotFound("not a KV cache")
         info = self._infos.get(cache)
         if info is None:
             info = self._load_info(cache)

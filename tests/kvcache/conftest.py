@@ -1,0 +1,42 @@
+"""Fixtures of the KV cache tests: caches of their own on the shared cluster."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from emberfs.client.fs import EmberFileSystem
+from emberfs.kvcache import KVCache
+
+
+@pytest.fixture
+def fs(cluster):
+    """A filesystem instance of its own, talking to the shared cluster."""
+    instance = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+@pytest.fixture
+def make_cache(fs):
+    """``make_cache(block_size, blocks, slab_blocks=None)``: a new cache, removed after the test."""
+    made: list[KVCache] = []
+
+    def make(block_size: int = 64 * 1024, blocks: int = 64, slab_blocks: int | None = None):
+        path = f"/kv-{uuid.uuid4().hex[:12]}"
+        slab = (slab_blocks or blocks) * block_size
+        cache = KVCache.create(
+            path, block_size=block_size, capacity=blocks * block_size, slab_size=slab, fs=fs
+        )
+        made.append(cache)
+        return cache
+
+    yield make
+    for cache in made:
+        try:
+            cache.destroy()
+        except FileNotFoundError:
+            pass
