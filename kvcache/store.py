@@ -206,8 +206,13 @@ class KVCache:
             geometry = kvgeometry.plan(block_size, capacity, slab_size)
         except ValueError as exc:
             raise ValueError(f"cannot make a KV cache at {path}: {exc}") from None
-        if not fs.isdir(path):
+        try:
             meta.mkdir(path, parents=True, mode=mode)
+        except FileExistsError:
+            if not fs.isdir(path):
+                raise
+            # made by another process creating the cache at the same time (or left
+            # by an interrupted create): the slabs and the index are made idempotently
         layout = common_pb2.Layout(chunk_size=geometry.chunk_size, stripe=MAX_STRIPE)
         meta.meta(
             "SetLayout",
@@ -233,6 +238,31 @@ class KVCache:
         cache.path = path
         cache._use(meta.meta("KvCreate", req, path))
         return cache
+
+    @classmethod
+    def open_or_create(
+        cls,
+        path: str,
+        *,
+        block_size: int | None,
+        capacity: int,
+        fs: EmberFileSystem | None = None,
+        **create_options,
+    ) -> KVCache | None:
+        """The cache at ``path``, made when missing (None when missing and ``block_size`` is None).
+
+        Many processes (the ranks of an inference server) may call it at once
+        with the same arguments: they all get the one cache.
+        """
+        fs = fs if fs is not None else EmberFileSystem()
+        try:
+            return cls(path, fs=fs)
+        except FileNotFoundError:
+            if block_size is None:
+                return None
+        return cls.create(
+            path, block_size=block_size, capacity=capacity, exist_ok=True, fs=fs, **create_options
+        )
 
     @property
     def _meta(self) -> MetaClient:
@@ -266,9 +296,9 @@ class KVCache:
         ----------
         keys : sequence of bytes or str
         into : sequence of writable buffers, optional
-            One per key (bytearray, numpy array, pinned host memory...),
-            each at least as large as the block stored: the block is read
-            straight into it.
+            One per key (bytearray, numpy array, pinned host memory...): the
+            block is read straight into it. A block longer than its buffer is
+            not read (a miss).
 
         Returns
         -------
@@ -305,11 +335,9 @@ class KVCache:
                 continue
             if views is None:
                 dest = memoryview(bytearray(loc.length))
+            elif len(views[i]) < loc.length:
+                continue  # the block does not fit its buffer (another layout's): a miss
             else:
-                if len(views[i]) < loc.length:
-                    raise ValueError(
-                        f"the buffer of key {i} holds {len(views[i])} bytes, its block {loc.length}"
-                    )
                 dest = views[i][: loc.length]
             futures = [
                 rt.executor.submit(rt.data.read_chunk, chain, inode, index, off, piece, len(piece))
