@@ -283,6 +283,42 @@ class KVCache:
                 view[lo : lo + s.length],
             )
 
+    def _transfers(self, blocks: list[tuple[int, memoryview]], gap: int) -> list[_Transfer]:
+        """The chunk transfers that move ``blocks`` (``(slot, view)``), blocks of one chunk together.
+
+        Blocks at most ``gap`` bytes apart in one chunk (small blocks share
+        chunks) travel as one transfer of the range they span, through a
+        buffer of its own; a lone block, or a piece of a block that spans
+        chunks, travels straight from (or into) its view.
+        """
+        g = self.geometry
+        if g.stride > g.chunk_size // 2:  # every chunk holds one slot at most
+            return [
+                _Transfer(chain, inode, index, off, piece, [(n, 0)], in_place=True)
+                for n, (slot, view) in enumerate(blocks)
+                for chain, inode, index, off, piece in self._pieces(slot, view)
+            ]
+        by_chunk: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for n, (slot, _) in enumerate(blocks):
+            slab, offset = kvgeometry.locate(g, slot)
+            index, inner = divmod(offset, g.chunk_size)
+            by_chunk.setdefault((slab, index), []).append((inner, n))
+        out: list[_Transfer] = []
+        for (slab, index), members in by_chunk.items():
+            inode, chains = self._slabs[slab]
+            chain = chunk_chain(chains, index)
+            members.sort()
+            run = [members[0]]
+            for inner, n in members[1:]:
+                last_inner, last = run[-1]
+                if inner - (last_inner + len(blocks[last][1])) <= gap:
+                    run.append((inner, n))
+                    continue
+                out.append(_Transfer.of_run(chain, inode, index, run, blocks))
+                run = [(inner, n)]
+            out.append(_Transfer.of_run(chain, inode, index, run, blocks))
+        return out
+
     def _learn(self, capabilities) -> None:
         caps = self._meta.capabilities
         for token in capabilities:
@@ -329,7 +365,7 @@ class KVCache:
         resp = self._meta.meta("KvLookup", req, self.path)
         self._learn(resp.capabilities)
         rt = self.fs._rt.get()
-        jobs: list[tuple[int, kvcache_pb2.KvLocation, memoryview, list[Future]]] = []
+        hits: list[tuple[int, kvcache_pb2.KvLocation, memoryview]] = []
         for i, loc in enumerate(resp.locations):
             if not loc.found:
                 continue
@@ -339,17 +375,29 @@ class KVCache:
                 continue  # the block does not fit its buffer (another layout's): a miss
             else:
                 dest = views[i][: loc.length]
-            futures = [
-                rt.executor.submit(rt.data.read_chunk, chain, inode, index, off, piece, len(piece))
-                for chain, inode, index, off, piece in self._pieces(loc.slot, dest)
-            ]
-            jobs.append((i, loc, dest, futures))
+            hits.append((i, loc, dest))
+        # blocks of one chunk with at most one other slot between them are read as one
+        # range, then copied apart: fewer, larger requests for small blocks
+        transfers = self._transfers(
+            [(loc.slot, dest) for _, loc, dest in hits], gap=2 * self.geometry.stride - 1
+        )
+        futures = [
+            rt.executor.submit(
+                rt.data.read_chunk, t.chain, t.inode, t.index, t.offset, t.view, len(t.view)
+            )
+            for t in transfers
+        ]
+        wait(futures)
+        failed: set[int] = set()  # hits (by their number in ``hits``) not read
+        for t, fut in zip(transfers, futures, strict=True):
+            if _read_failed(fut):
+                failed.update(t.blocks())
+            else:
+                t.scatter([dest for _, _, dest in hits])
+        jobs = [(i, loc, dest) for h, (i, loc, dest) in enumerate(hits) if h not in failed]
         out: list = [None] * len(keys)
         damaged: list[tuple[bytes, int]] = []
-        for i, loc, dest, futures in jobs:
-            wait(futures)
-            if any(_read_failed(f) for f in futures):
-                continue  # unreadable now: a miss
+        for i, loc, dest in jobs:  # the others were unreadable now: misses
             if crc32c.crc32c(dest) != loc.crc:
                 # evicted and reused while read, or damaged: dropped if it is still this block
                 damaged.append((keys[i], loc.generation))
@@ -441,34 +489,50 @@ class KVCache:
         self._learn(resp.capabilities)
         rt = self.fs._rt.get()
         out = [PutStatus.FAILED] * len(keys)
-        jobs = []
+        jobs = []  # (key number, reservation)
         for i, r in enumerate(resp.reservations):
-            if r.state != kvcache_pb2.KV_RESERVED:
+            if r.state == kvcache_pb2.KV_RESERVED:
+                jobs.append((i, r))
+            else:
                 out[i] = _RESERVE_STATES.get(r.state, PutStatus.FAILED)
-                continue
-            futures = [
-                rt.executor.submit(
-                    rt.data.write_chunk, chain, inode, index, off, piece, self.geometry.chunk_size
-                )
-                for chain, inode, index, off, piece in self._pieces(r.slot, views[i])
-            ]
-            jobs.append((i, r, futures))
         if not jobs:
             return out
-        items = []
-        refused: BaseException | None = None
-        for i, r, futures in jobs:
-            crc = crc32c.crc32c(views[i])
-            wait(futures)
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            for exc in errors:
-                if not _storage_failure(exc):
-                    refused = refused or exc
-            items.append(
-                kvcache_pb2.KvCommitItem(
-                    key=keys[i], generation=r.generation, crc=crc, written=not errors
-                )
+        # blocks in consecutive slots of one chunk are written as one range (a slot's
+        # padding past its block is its own), so a chunk is rewritten once, not per block
+        transfers = self._transfers(
+            [(r.slot, views[i]) for i, r in jobs], gap=self.geometry.stride - 1
+        )
+        for t in transfers:
+            t.gather([views[i] for i, _ in jobs])
+        futures = [
+            rt.executor.submit(
+                rt.data.write_chunk,
+                t.chain,
+                t.inode,
+                t.index,
+                t.offset,
+                t.view,
+                self.geometry.chunk_size,
             )
+            for t in transfers
+        ]
+        crcs = [crc32c.crc32c(views[i]) for i, _ in jobs]
+        wait(futures)
+        unwritten: set[int] = set()  # jobs (by number) a transfer of which failed
+        refused: BaseException | None = None
+        for t, fut in zip(transfers, futures, strict=True):
+            exc = fut.exception()
+            if exc is None:
+                continue
+            if not _storage_failure(exc):
+                refused = refused or exc
+            unwritten.update(t.blocks())
+        items = [
+            kvcache_pb2.KvCommitItem(
+                key=keys[i], generation=r.generation, crc=crc, written=n not in unwritten
+            )
+            for n, ((i, r), crc) in enumerate(zip(jobs, crcs, strict=True))
+        ]
         # blocks that were not written give their slots back in the same call
         req = kvcache_pb2.KvCommitRequest(ctx=meta.context(), cache_id=self.cache_id, items=items)
         done = meta.meta("KvCommit", req, self.path).committed
@@ -476,7 +540,7 @@ class KVCache:
             raise OSError(errno.EIO, "KvCommit answered for the wrong number of keys")
         if refused is not None:
             raise refused
-        for (i, _, _), item, ok in zip(jobs, items, done, strict=True):
+        for (i, _), item, ok in zip(jobs, items, done, strict=True):
             out[i] = PutStatus.STORED if ok and item.written else PutStatus.FAILED
         return out
 
@@ -541,6 +605,53 @@ class KVCache:
         return (
             f"KVCache({self.path!r}, block_size={self.block_size}, capacity={self.capacity} blocks)"
         )
+
+
+@dataclass
+class _Transfer:
+    """One chunk read or write of a batch: a range of one chunk, and the blocks it carries.
+
+    ``members`` are ``(block number, offset of the block in the range)``.
+    An ``in_place`` transfer moves one block (or the piece of it in this
+    chunk) straight from or into the block's own view; the others move
+    several blocks through a buffer of the range's own.
+    """
+
+    chain: int
+    inode: int
+    index: int  # chunk index
+    offset: int  # in the chunk
+    view: memoryview
+    members: list[tuple[int, int]]
+    in_place: bool = False
+
+    @classmethod
+    def of_run(cls, chain, inode, index, run, blocks) -> _Transfer:
+        """The transfer of ``run`` (``(offset in chunk, block number)``, in order) of ``blocks``."""
+        if len(run) == 1:
+            inner, n = run[0]
+            return cls(chain, inode, index, inner, blocks[n][1], [(n, 0)], in_place=True)
+        first = run[0][0]
+        last_inner, last = run[-1]
+        span = last_inner + len(blocks[last][1]) - first
+        members = [(n, inner - first) for inner, n in run]
+        return cls(chain, inode, index, first, memoryview(bytearray(span)), members)
+
+    def blocks(self) -> list[int]:
+        """The numbers of the blocks it carries."""
+        return [n for n, _ in self.members]
+
+    def gather(self, views: list[memoryview]) -> None:
+        """Copy the blocks it writes into its buffer."""
+        if not self.in_place:
+            for n, at in self.members:
+                self.view[at : at + len(views[n])] = views[n]
+
+    def scatter(self, dests: list[memoryview]) -> None:
+        """Copy the blocks it read out of its buffer."""
+        if not self.in_place:
+            for n, at in self.members:
+                dests[n][:] = self.view[at : at + len(dests[n])]
 
 
 def _storage_failure(exc: BaseException) -> bool:

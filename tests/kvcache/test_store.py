@@ -66,6 +66,43 @@ def test_a_batch_costs_one_metaserver_call_to_get_and_two_to_put(fs, make_cache)
         meta._call = real
 
 
+def test_small_blocks_of_one_chunk_move_together(fs, make_cache):
+    # 64 KiB blocks, 16 to a 1 MiB chunk: a batch of consecutive slots is one chunk write
+    # and one chunk read per chunk, not one per block; short blocks keep their own length
+    cache = make_cache(block_size=64 * KiB, blocks=64)
+    keys = [key_of(i) for i in range(32)]
+    blocks = [block_of(i, cache.block_size) for i in range(32)]  # some 1000 or 2000 shorter
+    rt = fs._rt.get()
+    calls = {"write": 0, "read": 0}
+    real_write, real_read = rt.data.write_chunk, rt.data.read_chunk
+
+    def write(*args):
+        calls["write"] += 1
+        return real_write(*args)
+
+    def read(*args):
+        calls["read"] += 1
+        if calls["read"] == 1 and fail_first_read:
+            raise OSError(5, "storage went away")
+        return real_read(*args)
+
+    rt.data.write_chunk, rt.data.read_chunk = write, read
+    try:
+        fail_first_read = False
+        assert cache.batch_put(keys, blocks) == [PutStatus.STORED] * 32
+        assert calls["write"] == 2
+        assert cache.batch_get(keys) == blocks
+        assert calls["read"] == 2
+        # a chunk read that fails makes misses of its blocks, and only of them
+        calls["read"] = 0
+        fail_first_read = True
+        got = cache.batch_get(keys)
+        assert got.count(None) == 16
+        assert all(g is None or g == b for g, b in zip(got, blocks, strict=True))
+    finally:
+        rt.data.write_chunk, rt.data.read_chunk = real_write, real_read
+
+
 def test_first_writer_wins_and_puts_are_idempotent(make_cache):
     cache = make_cache()
     key = key_of(1)
