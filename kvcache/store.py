@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import crc32c
 
+from emberfs.client.buffers import BlockPool
 from emberfs.client.datapath import ChunkLost
 from emberfs.client.fs import EmberFileSystem
 from emberfs.client.meta import MetaClient
@@ -283,13 +284,16 @@ class KVCache:
                 view[lo : lo + s.length],
             )
 
-    def _transfers(self, blocks: list[tuple[int, memoryview]], gap: int) -> list[_Transfer]:
+    def _transfers(
+        self, blocks: list[tuple[int, memoryview]], gap: int, pool: BlockPool
+    ) -> list[_Transfer]:
         """The chunk transfers that move ``blocks`` (``(slot, view)``), blocks of one chunk together.
 
         Blocks at most ``gap`` bytes apart in one chunk (small blocks share
         chunks) travel as one transfer of the range they span, through a
-        buffer of its own; a lone block, or a piece of a block that spans
-        chunks, travels straight from (or into) its view.
+        chunk-sized buffer from ``pool`` (given back by
+        :meth:`_Transfer.release`); a lone block, or a piece of a block that
+        spans chunks, travels straight from (or into) its view.
         """
         g = self.geometry
         if g.stride > g.chunk_size // 2:  # every chunk holds one slot at most
@@ -314,9 +318,9 @@ class KVCache:
                 if inner - (last_inner + len(blocks[last][1])) <= gap:
                     run.append((inner, n))
                     continue
-                out.append(_Transfer.of_run(chain, inode, index, run, blocks))
+                out.append(_Transfer.of_run(chain, inode, index, run, blocks, pool, g.chunk_size))
                 run = [(inner, n)]
-            out.append(_Transfer.of_run(chain, inode, index, run, blocks))
+            out.append(_Transfer.of_run(chain, inode, index, run, blocks, pool, g.chunk_size))
         return out
 
     def _learn(self, capabilities) -> None:
@@ -379,7 +383,7 @@ class KVCache:
         # blocks of one chunk with at most one other slot between them are read as one
         # range, then copied apart: fewer, larger requests for small blocks
         transfers = self._transfers(
-            [(loc.slot, dest) for _, loc, dest in hits], gap=2 * self.geometry.stride - 1
+            [(loc.slot, dest) for _, loc, dest in hits], 2 * self.geometry.stride - 1, rt.blocks
         )
         futures = [
             rt.executor.submit(
@@ -394,6 +398,7 @@ class KVCache:
                 failed.update(t.blocks())
             else:
                 t.scatter([dest for _, _, dest in hits])
+            t.release(rt.blocks)
         jobs = [(i, loc, dest) for h, (i, loc, dest) in enumerate(hits) if h not in failed]
         out: list = [None] * len(keys)
         damaged: list[tuple[bytes, int]] = []
@@ -500,7 +505,7 @@ class KVCache:
         # blocks in consecutive slots of one chunk are written as one range (a slot's
         # padding past its block is its own), so a chunk is rewritten once, not per block
         transfers = self._transfers(
-            [(r.slot, views[i]) for i, r in jobs], gap=self.geometry.stride - 1
+            [(r.slot, views[i]) for i, r in jobs], self.geometry.stride - 1, rt.blocks
         )
         for t in transfers:
             t.gather([views[i] for i, _ in jobs])
@@ -518,6 +523,8 @@ class KVCache:
         ]
         crcs = [crc32c.crc32c(views[i]) for i, _ in jobs]
         wait(futures)
+        for t in transfers:
+            t.release(rt.blocks)
         unwritten: set[int] = set()  # jobs (by number) a transfer of which failed
         refused: BaseException | None = None
         for t, fut in zip(transfers, futures, strict=True):
@@ -624,10 +631,15 @@ class _Transfer:
     view: memoryview
     members: list[tuple[int, int]]
     in_place: bool = False
+    buffer: bytearray | None = None  # the pooled buffer ``view`` is part of
 
     @classmethod
-    def of_run(cls, chain, inode, index, run, blocks) -> _Transfer:
-        """The transfer of ``run`` (``(offset in chunk, block number)``, in order) of ``blocks``."""
+    def of_run(cls, chain, inode, index, run, blocks, pool: BlockPool, size: int) -> _Transfer:
+        """The transfer of ``run`` (``(offset in chunk, block number)``, in order) of ``blocks``.
+
+        A run of several blocks gets a buffer of ``size`` bytes from ``pool``
+        (reused memory: a fresh one costs its page faults).
+        """
         if len(run) == 1:
             inner, n = run[0]
             return cls(chain, inode, index, inner, blocks[n][1], [(n, 0)], in_place=True)
@@ -635,23 +647,35 @@ class _Transfer:
         last_inner, last = run[-1]
         span = last_inner + len(blocks[last][1]) - first
         members = [(n, inner - first) for inner, n in run]
-        return cls(chain, inode, index, first, memoryview(bytearray(span)), members)
+        buf = pool.get(size)
+        return cls(chain, inode, index, first, memoryview(buf)[:span], members, buffer=buf)
 
     def blocks(self) -> list[int]:
         """The numbers of the blocks it carries."""
         return [n for n, _ in self.members]
 
     def gather(self, views: list[memoryview]) -> None:
-        """Copy the blocks it writes into its buffer."""
-        if not self.in_place:
-            for n, at in self.members:
-                self.view[at : at + len(views[n])] = views[n]
+        """Copy the blocks it writes into its buffer, zeros between them (their slots' padding)."""
+        if self.in_place:
+            return
+        ends = [at for _, at in self.members[1:]] + [len(self.view)]
+        for (n, at), end in zip(self.members, ends, strict=True):
+            stop = at + len(views[n])
+            self.view[at:stop] = views[n]
+            if end > stop:
+                self.view[stop:end] = bytes(end - stop)
 
     def scatter(self, dests: list[memoryview]) -> None:
         """Copy the blocks it read out of its buffer."""
         if not self.in_place:
             for n, at in self.members:
                 dests[n][:] = self.view[at : at + len(dests[n])]
+
+    def release(self, pool: BlockPool) -> None:
+        """Give its buffer back to ``pool`` (once nothing reads or writes it)."""
+        if self.buffer is not None:
+            pool.put(self.buffer)
+            self.buffer = None
 
 
 def _storage_failure(exc: BaseException) -> bool:
