@@ -77,6 +77,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import compare, meta_rate, mount  # noqa: E402
+from benchmarks.figures import ratio_text, summary
 
 KiB, MiB = 1 << 10, 1 << 20
 GB = 1e9
@@ -506,15 +507,6 @@ class Run:
         )
 
 
-def summary(values: list[float]) -> dict:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "rounds": len(values),
-    }
-
-
 RATE_KEYS = ("bytes_per_s", "keys_per_s")
 
 
@@ -767,11 +759,6 @@ def _per_s(s: dict) -> str:
     return f"{_count(s['median'])}{spread}"
 
 
-def _ratio(s: dict) -> str:
-    spread = f" ({s['min']:.2f}-{s['max']:.2f})" if s["rounds"] > 1 else ""
-    return f"{s['median']:.2f}x{spread}"
-
-
 OPS = {
     "get_slab": "batch_get",
     "get_one_file": "readinto of one file",
@@ -823,7 +810,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
             op = "batch_get" if a == "get_slab" else "batch_put"
             line = (
                 f"    {op + ' / ' + other:<{w[0] - 2}}{_gb(figs[a]):<{w[1]}}"
-                f"{_gb(figs[b]):<{w[2] + 8}}{_ratio(ratios[key])}"
+                f"{_gb(figs[b]):<{w[2] + 8}}{ratio_text(ratios[key])}"
             )
             if name == "large" and key == "get_vs_readinto":
                 t = doc["target"]
@@ -849,7 +836,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         print(
             f"    {'batch_exists (' + q + ') / ' + other:<{w[0] - 2}}"
             f"{_per_s(e['figures'][a]):<{w[1]}}{_per_s(e['figures'][b]):<{w[2] + 8}}"
-            f"{_ratio(e['ratios'][key])}",
+            f"{ratio_text(e['ratios'][key])}",
             file=stream,
         )
 

@@ -98,6 +98,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import meta_rate  # noqa: E402
+from benchmarks.figures import ratio_text, summary
 
 SETUPS = {
     "rocksdb": ("RocksDB, 1 metaserver", "rocksdb", 1),
@@ -346,15 +347,6 @@ def measure_form(cluster, form: Form, count: int, list_entries: int) -> dict:
 
 def per_round_ratios(a: list[dict], b: list[dict], key: str) -> list[float]:
     return [x[key] / y[key] for x, y in zip(a, b, strict=True)]
-
-
-def summary(values: list[float]) -> dict:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "rounds": len(values),
-    }
 
 
 def rates(args, workdir: Path, token: str) -> dict:
@@ -720,11 +712,6 @@ def _rate(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
 
 
-def _ratio(s: dict) -> str:
-    spread = f" ({s['min']:.2f}-{s['max']:.2f})" if s["rounds"] > 1 else ""
-    return f"{s['median']:.2f}x{spread}"
-
-
 def _bytes(n: float) -> str:
     for unit, div in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= div:
@@ -771,7 +758,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
             print(f"\n{title}{of}", file=stream)
             for key, label in r["forms"].items():
                 s = r["ratios"][what][key]
-                cells = "  ".join(f"{name} {_ratio(s[k])}" for name, k in columns[:5])
+                cells = "  ".join(f"{name} {ratio_text(s[k])}" for name, k in columns[:5])
                 print(f"  {label:<26}{cells}", file=stream)
         multi = {n: v for n, v in r["processes_vs_one"].items() if v}
         if multi:
@@ -781,7 +768,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
             for name, by_form in multi.items():
                 for key, s in by_form.items():
                     one = r["results"][name][key.split("x")[0] + "x1"]["client_cpu_per_s"]
-                    cells = "  ".join(f"{n} {_ratio(s[k])}" for n, k in columns[:5])
+                    cells = "  ".join(f"{n} {ratio_text(s[k])}" for n, k in columns[:5])
                     print(
                         f"  {r['setups'][name]['label']:<22} {r['forms'][key]}: {cells}"
                         f"  (one process used {one:.2f} CPU s/s)",
