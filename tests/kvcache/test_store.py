@@ -360,3 +360,77 @@ def test_storage_server_restart_mid_batch(private_cluster):
         assert cache.batch_get(keys[:128]) == [block_of(i, bs) for i in range(128)]
     finally:
         fs.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_metaservers_on_etcd_share_one_cache(private_cluster):
+    # writers of the same keys through two metaservers at once (batches larger than one etcd
+    # transaction takes): each key holds one writer's block, whole; then the leader is killed
+    cluster = private_cluster(kv="etcd", metaservers=2)
+    addresses = cluster.meta_addresses.split(",")
+    fs_a = EmberFileSystem(",".join(addresses), skip_instance_cache=True, retry_timeout=60)
+    fs_b = EmberFileSystem(",".join(addresses[::-1]), skip_instance_cache=True, retry_timeout=60)
+    try:
+        bs = 64 * KiB
+        caches = [
+            KVCache.open_or_create("/kv", block_size=bs, capacity=512 * bs, fs=f)
+            for f in (fs_a, fs_b)
+        ]
+        assert caches[0].cache_id == caches[1].cache_id
+        keys = [key_of(i) for i in range(96)]
+
+        def blocks(tag: bytes) -> list[bytes]:
+            return [tag + block_of(i, bs)[1:] for i in range(96)]
+
+        got: dict[bytes, list[PutStatus]] = {}
+        threads = [
+            threading.Thread(target=lambda c=c, t=t: got.update({t: c.batch_put(keys, blocks(t))}))
+            for c, t in zip(caches, (b"A", b"B"), strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for i, (sa, sb) in enumerate(zip(got[b"A"], got[b"B"], strict=True)):
+            # one writer stored it; the other found it stored, or being stored
+            assert {sa, sb} in (
+                {PutStatus.STORED, PutStatus.EXISTS},
+                {PutStatus.STORED, PutStatus.BUSY},
+            )
+        for cache in caches:
+            read = cache.batch_get(keys)
+            for i, data in enumerate(read):
+                winner = b"A" if got[b"A"][i] == PutStatus.STORED else b"B"
+                assert data == winner + block_of(i, bs)[1:]
+        cluster.kill_meta(cluster.leader())  # kill -9: acknowledged blocks stay, calls go on
+        more = [key_of(i) for i in range(96, 128)]
+        assert (
+            caches[0].batch_put(more, [block_of(i, bs) for i in range(96, 128)])
+            == [PutStatus.STORED] * 32
+        )
+        assert caches[1].batch_exists(keys + more) == 128
+        assert caches[1].batch_get(more) == [block_of(i, bs) for i in range(96, 128)]
+    finally:
+        fs_a.close()
+        fs_b.close()
+
+
+def test_a_cache_opened_before_fork_works_in_the_child(make_cache):
+    # inference servers and dataloaders fork with the client in hand
+    cache = make_cache(block_size=16 * KiB, blocks=32)
+    cache.batch_put(
+        [key_of(i) for i in range(4)], [block_of(i, cache.block_size) for i in range(4)]
+    )
+    pid = os.fork()
+    if pid == 0:  # the child: its own connections, the same cache
+        ok = False
+        try:
+            got = cache.batch_get([key_of(i) for i in range(5)])
+            ok = got == [block_of(i, cache.block_size) for i in range(4)] + [None]
+            ok = ok and cache.put(key_of(9), b"from the child") == PutStatus.STORED
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cache.get(key_of(9)) == b"from the child"
