@@ -392,7 +392,7 @@ def test_two_metaservers_on_etcd_share_one_cache(private_cluster):
             t.start()
         for t in threads:
             t.join(120)
-        for i, (sa, sb) in enumerate(zip(got[b"A"], got[b"B"], strict=True)):
+        for sa, sb in zip(got[b"A"], got[b"B"], strict=True):
             # one writer stored it; the other found it stored, or being stored
             assert {sa, sb} in (
                 {PutStatus.STORED, PutStatus.EXISTS},
