@@ -116,6 +116,10 @@ SCRATCH_DIR = "/fuzz-scratch"
 CHECK_DIR = "/fuzz-check"
 CHECK_PATH = CHECK_DIR + "/check.bin"
 CHECK_SIZE = 6 * 1024 * 1024 + 12345
+CHECK_CACHE = CHECK_DIR + "/kv"  # a KV cache with one block that must survive the run
+CHECK_KEY = b"fuzz-check-block"
+SCRATCH_CACHE = SCRATCH_DIR + "/kv"  # a KV cache the fuzzer may change
+KV_BLOCK = 64 * 1024
 MAX_EXAMPLES = 20
 EXAMPLE_BYTES = 16 * 1024  # an example's input beyond this is cut (its length and hash kept)
 ANSWER_TIMEOUT = 5.0  # an input's answer (or the server closing)
@@ -287,6 +291,8 @@ class Env:
     check_chunks: int
     protected: frozenset[int]
     scratch_inodes: list[int] = field(default_factory=list)
+    check_cache: int = 0  # the cache id (directory inode) of :data:`CHECK_CACHE`
+    scratch_cache: int = 0
 
     @property
     def storage_count(self) -> int:
@@ -400,6 +406,38 @@ def make_scratch(stub: Any) -> list[int]:
     return inodes
 
 
+def make_caches(cluster: LocalCluster, token: str, block: bytes) -> tuple[Any, Any]:
+    """:data:`CHECK_CACHE` holding ``block`` under :data:`CHECK_KEY`, and :data:`SCRATCH_CACHE`."""
+    from emberfs.client.fs import EmberFileSystem
+    from emberfs.kvcache import KVCache
+
+    fs = EmberFileSystem(cluster.meta_address, token=token, skip_instance_cache=True)
+    try:
+        made = []
+        for path in (CHECK_CACHE, SCRATCH_CACHE):
+            made.append(
+                KVCache.create(path, block_size=KV_BLOCK, capacity=64 * KV_BLOCK, mode=0o777, fs=fs)
+            )
+        made[0].put(CHECK_KEY, block)
+        made[1].batch_put([b"a", b"b", b"c"], [block[:100], block[:1], block])
+        return made[0].info, made[1].info
+    finally:
+        fs.close()
+
+
+def read_check_block(cluster: LocalCluster, token: str) -> bytes | None:
+    """The block of :data:`CHECK_KEY` in :data:`CHECK_CACHE`, through a fresh client."""
+    from emberfs.client.fs import EmberFileSystem
+    from emberfs.kvcache import KVCache
+
+    fs = EmberFileSystem(cluster.meta_address, token=token, skip_instance_cache=True)
+    try:
+        got = KVCache(CHECK_CACHE, fs=fs).get(CHECK_KEY)
+        return None if got is None else bytes(got)
+    finally:
+        fs.close()
+
+
 def prepare(cluster: LocalCluster, seed: int) -> tuple[Env, bytes]:
     """The :class:`Env` of a started cluster, with the check file written; and its content."""
     token = cluster.admin_token or ""
@@ -411,6 +449,7 @@ def prepare(cluster: LocalCluster, seed: int) -> tuple[Env, bytes]:
         folder = stub.Stat(meta_pb2.StatRequest(path=CHECK_DIR), timeout=30).attr.inode
         attr = stub.Stat(meta_pb2.StatRequest(path=CHECK_PATH), timeout=30).attr
         scratch = make_scratch(stub)
+    check_cache, scratch_cache = make_caches(cluster, token, content[:KV_BLOCK])
     chunk = attr.layout.chunk_size or 4 * MiB
     procs = [Proc("metaserver", cluster.meta)]
     procs += [Proc(f"storage-{i}", s) for i, s in enumerate(cluster.storage)]
@@ -422,8 +461,13 @@ def prepare(cluster: LocalCluster, seed: int) -> tuple[Env, bytes]:
         routing=cluster.routing(),
         check_inode=attr.inode,
         check_chunks=-(-attr.size // chunk),
-        protected=frozenset({root, folder, attr.inode}),
-        scratch_inodes=scratch,
+        # the check cache's directory (its cache id) and slab files are left alone too
+        protected=frozenset(
+            {root, folder, attr.inode, check_cache.cache_id, *(s.inode for s in check_cache.slabs)}
+        ),
+        scratch_inodes=scratch + [scratch_cache.cache_id, *(s.inode for s in scratch_cache.slabs)],
+        check_cache=check_cache.cache_id,
+        scratch_cache=scratch_cache.cache_id,
     )
     return env, content
 
@@ -1415,8 +1459,23 @@ SERVICES = (
     (storage_pb2, "StorageService"),
 )
 META_READ_ONLY = frozenset(
-    {"Stat", "BatchStat", "BatchOpen", "List", "Readlink", "StatFs", "Ping", "Authorize"}
+    {
+        "Stat",
+        "BatchStat",
+        "BatchOpen",
+        "List",
+        "Readlink",
+        "StatFs",
+        "Ping",
+        "Authorize",
+        # KV caches: a lookup changes a cache's recency and counters, never its blocks
+        "KvOpen",
+        "KvLookup",
+        "KvList",
+        "KvStats",
+    }
 )
+KV_CHANGES = frozenset({"KvReserve", "KvCommit", "KvDelete", "KvClear"})  # by cache id
 NO_SERVER_CREDENTIAL = frozenset({"RegisterNode", "Heartbeat", "SyncDone"})
 PATH_FIELDS = frozenset({"path", "paths", "src", "dst"})
 
@@ -1483,6 +1542,8 @@ def grpc_safe(method: Method, msg: Message, protected: frozenset[int], credentia
             return msg.inode not in protected
         if name == "BatchClose":
             return all(item.inode not in protected for item in msg.items)
+        if name in KV_CHANGES:
+            return msg.cache_id not in protected
         for fd in msg.DESCRIPTOR.fields:
             if fd.name in PATH_FIELDS:
                 value = getattr(msg, fd.name)
@@ -1608,7 +1669,15 @@ class MessageGen:
         if name == "target" and fd.containing_type.name == "SymlinkRequest":
             return self.symlink_target(safe)
         if name == "start_after":
-            return rng.choice(("", "a", "zzz", text(rng)))
+            after = rng.choice(("", "a", "zzz", text(rng)))
+            return after.encode() if fd.type == pbd.FieldDescriptor.TYPE_BYTES else after
+        if name == "cache_id":
+            r = rng.random()
+            if r < 0.6:
+                return self.env.scratch_cache
+            if r < 0.8:
+                return self.env.check_cache
+            return rng.choice((0, 1, U64, rng.getrandbits(20)))
         if name == "inode":
             return self.inode(safe, fd.containing_type.full_name)
         if name in ("target_id", "target_ids") and rng.random() < 0.7 and self.targets:
@@ -2557,6 +2626,12 @@ def check_state(env: Env, content: bytes, replicas: list[tuple]) -> dict:
         out["intact"] = False
         out["read_error"] = f"{type(exc).__name__}: {exc}"
     try:
+        block = read_check_block(env.cluster, env.token)
+        out["kv_intact"] = block == content[:KV_BLOCK]
+    except Exception as exc:  # noqa: BLE001 - an unreadable block is damage
+        out["kv_intact"] = False
+        out["kv_error"] = f"{type(exc).__name__}: {exc}"
+    try:
         now = replica_snapshot(env)
         out["replicas_unchanged"] = now == replicas
         if now != replicas:
@@ -2679,6 +2754,8 @@ def failures(report: dict) -> list[str]:
         out.append("the check file does not read back identical")
     if not check.get("replicas_unchanged"):
         out.append("the check file's replicas changed")
+    if not check.get("kv_intact"):
+        out.append("the check KV cache's block does not read back identical")
     return out
 
 
@@ -2696,7 +2773,8 @@ def summary(report: dict) -> str:
     check = report.get("check", {})
     lines.append(
         f"  check file: intact {check.get('intact')}, replicas unchanged "
-        f"{check.get('replicas_unchanged')}, targets serving {check.get('targets_serving')}"
+        f"{check.get('replicas_unchanged')}, targets serving {check.get('targets_serving')}, "
+        f"KV cache block intact {check.get('kv_intact')}"
     )
     lines += [f"  FAILED: {f}" for f in report.get("failures", [])]
     return "\n".join(lines)

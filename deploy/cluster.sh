@@ -179,15 +179,19 @@ save_settings() {
 
 # ---------------------------------------------------------------- build
 
+# The folders of the emberfs packages (pyproject.toml's package-dir; a test keeps them equal),
+# used unquoted: one word each.
+PACKAGE_DIRS="common proto metaserver storageserver client kvcache cli"
+
 # Files that make the emberfs wheel (tracked or new, not ignored).
 source_files() {
     local f
     if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
         git -C "$ROOT" ls-files -co --exclude-standard -z -- \
-            pyproject.toml README.md LICENSE common proto metaserver storageserver client cli
+            pyproject.toml README.md LICENSE $PACKAGE_DIRS
     else
-        (cd "$ROOT" && find pyproject.toml README.md LICENSE common proto metaserver \
-            storageserver client cli -type f ! -name '*.pyc' -print0 2>/dev/null)
+        (cd "$ROOT" && find pyproject.toml README.md LICENSE $PACKAGE_DIRS \
+            -type f ! -name '*.pyc' -print0 2>/dev/null)
     fi | while IFS= read -r -d '' f; do
         [[ -f "$ROOT/$f" ]] && printf '%s\0' "$f"
     done

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import errno
 import posixpath
+import re
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from emberfs.proto import common_pb2, kvcache_pb2, meta_pb2
 #: keys per index call (the metaserver takes up to 10000)
 BATCH = 4096
 SLAB_NAME = "slab-{:05d}"
+_SLAB_FILE = re.compile(r"slab-\d{5}")
 
 
 class PutStatus(enum.IntEnum):
@@ -207,13 +209,15 @@ class KVCache:
             geometry = kvgeometry.plan(block_size, capacity, slab_size)
         except ValueError as exc:
             raise ValueError(f"cannot make a KV cache at {path}: {exc}") from None
-        try:
-            meta.mkdir(path, parents=True, mode=mode)
-        except FileExistsError:
-            if not fs.isdir(path):
-                raise
-            # made by another process creating the cache at the same time (or left
-            # by an interrupted create): the slabs and the index are made idempotently
+        # an existing directory is taken only when it holds nothing but slab files: made by
+        # another process creating the cache at the same time, or left by an interrupted
+        # create (the slabs and the index are made idempotently)
+        meta.mkdir(path, parents=True, mode=mode)
+        others = [e.name for e in meta.list(path) if not _SLAB_FILE.fullmatch(e.name)]
+        if others:
+            raise FileExistsError(
+                errno.EEXIST, f"the directory holds other entries ({others[0]!r})", path
+            )
         layout = common_pb2.Layout(chunk_size=geometry.chunk_size, stripe=MAX_STRIPE)
         meta.meta(
             "SetLayout",
@@ -228,7 +232,9 @@ class KVCache:
             if attr.layout.chunk_size != geometry.chunk_size:
                 raise FileExistsError(errno.EEXIST, "a file of another layout is in the way", slab)
             length = kvgeometry.slab_bytes(geometry, kvgeometry.slab_capacity(geometry, n))
-            if attr.size != length:
+            if attr.size > length:
+                raise FileExistsError(errno.EEXIST, "a larger file is in the way", slab)
+            if attr.size < length:
                 meta.truncate(slab, length)  # grows it as a hole: nothing is written
             slabs.append(attr.inode)
         req = kvcache_pb2.KvCreateRequest(
@@ -344,7 +350,7 @@ class KVCache:
         -------
         list
             Per key: with ``into``, the length of the block read into its
-            buffer, or None for a miss; without, the block's bytes or None.
+            buffer, or None for a miss; without, the block (a bytearray) or None.
             A block that cannot be read (storage unavailable, or damaged) is
             a miss, never wrong bytes.
         """

@@ -32,6 +32,16 @@ def test_every_package_directory_is_listed():
         assert (ROOT / mapping[pkg] / "__init__.py").exists(), f"{mapping[pkg]} is not a package"
 
 
+def test_the_image_build_takes_every_package_folder():
+    # deploy/cluster.sh copies only these folders to build the wheel the images install
+    text = (ROOT / "deploy" / "cluster.sh").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("PACKAGE_DIRS="))
+    listed = set(line.split("=", 1)[1].strip('"').split())
+    mapping = _config()["tool"]["setuptools"]["package-dir"]
+    folders = {folder.split("/")[0] for folder in mapping.values()}
+    assert listed == folders
+
+
 def test_no_bare_top_level_modules_are_importable_names():
     # Every package lives under the emberfs namespace; nothing maps to a bare name.
     for pkg in _config()["tool"]["setuptools"]["packages"]:

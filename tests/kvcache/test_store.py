@@ -165,7 +165,13 @@ def test_create_open_and_errors(fs, make_cache):
         KVCache.create(cache.path, block_size=4 * KiB, capacity=1 << 20, fs=fs, exist_ok=True)
     with pytest.raises(FileNotFoundError):
         KVCache("/no/such/cache", fs=fs)
-    fs.mkdir("/not-a-cache-" + os.urandom(4).hex())
+    plain = "/not-a-cache-" + os.urandom(4).hex()
+    fs.pipe(f"{plain}/data", b"keep me")
+    with pytest.raises(FileExistsError):  # a directory with other entries is not taken over
+        KVCache.create(plain, block_size=8 * KiB, capacity=1 << 20, fs=fs)
+    assert fs.ls(plain, detail=False) == [f"{plain}/data"]
+    assert fs.cat(f"{plain}/data") == b"keep me"
+    fs.rm(plain, recursive=True)
     with pytest.raises(ValueError):
         KVCache.create("/tiny", block_size=8 * KiB, capacity=100, fs=fs)
     assert not fs.exists("/tiny")
