@@ -71,6 +71,7 @@ PENDING_TIMEOUT_NS = 120 * 10**9  # a reservation not committed for this long is
 TOUCH_INTERVAL_NS = 10**9  # a read refreshes an entry's recency at most this often
 STAT_SHARDS = 16
 SLICE = 200  # keys one transaction of clear removes
+EVICT_MARGIN = 8  # reads an eviction leaves a transaction of a store with limits
 
 PENDING, STORED = 0, 1
 
@@ -609,29 +610,44 @@ class KVIndex:
         return list(range(first, first + take))
 
     def _evict(self, txn, cache, n, now) -> list[int]:
-        """Slots of the ``n`` least recently used entries (stored, or reservations lapsed)."""
+        """Slots of the ``n`` least recently used entries (stored, or reservations lapsed).
+
+        Entries being written are passed over; the scan goes on past them as
+        far as a transaction of the store may read.
+        """
         out: list[int] = []
         rp = recent_prefix(cache)
         base = entry_prefix(cache)
         delta = Counters()
-        for rk, _ in list(txn.scan_prefix(rp, limit=4 * n + 16)):
-            if len(out) == n:
+        limit = self.engine.max_txn_ops
+        budget = None if limit is None else limit - txn.size[0] - EVICT_MARGIN
+        after = None
+        while len(out) < n and (budget is None or budget > 0):
+            want = 4 * (n - len(out)) + 16
+            page = list(txn.scan_prefix(rp, start_after=after, limit=min(want, budget or want)))
+            if not page:
                 break
-            k = rk[len(rp) + 8 :]
-            raw = txn.get(base + k)
-            if raw is None:
-                txn.delete(rk)  # left by an interrupted clear
-                continue
-            e = Entry.decode(raw)
-            if e.state != STORED and now - e.stamp < PENDING_TIMEOUT_NS:
-                continue  # being written
-            if e.state == STORED:
-                delta.evictions += 1
-                delta.blocks -= 1
-                delta.bytes -= e.length
-            txn.delete(rk)
-            txn.delete(base + k)
-            out.append(e.slot)
+            after = page[-1][0]
+            for rk, _ in page:
+                if len(out) == n:
+                    break
+                k = rk[len(rp) + 8 :]
+                raw = txn.get(base + k)
+                if budget is not None:
+                    budget -= 1
+                if raw is None:
+                    txn.delete(rk)  # left by an interrupted clear
+                    continue
+                e = Entry.decode(raw)
+                if e.state != STORED and now - e.stamp < PENDING_TIMEOUT_NS:
+                    continue  # being written
+                if e.state == STORED:
+                    delta.evictions += 1
+                    delta.blocks -= 1
+                    delta.bytes -= e.length
+                txn.delete(rk)
+                txn.delete(base + k)
+                out.append(e.slot)
         self._count(txn, cache, delta)
         return out
 

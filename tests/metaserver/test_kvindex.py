@@ -259,6 +259,20 @@ def test_blocks_being_written_are_not_evicted(h):
     assert h.reserve(cache, [b"e"], h.ctx(client_id="other"))[0].state == RESERVED
 
 
+def test_eviction_looks_past_many_blocks_being_written(h):
+    # the least recently used entries are 30 reservations still being written: the
+    # eviction passes over all of them to the stored blocks behind
+    cache = h.make(slots=40, slab_slots=40).cache_id
+    pending = h.reserve(cache, [b"p%d" % i for i in range(30)], h.ctx(client_id="slow"))
+    assert all(r.state == RESERVED for r in pending)
+    h.clock.advance(1)
+    assert h.put(cache, [b"s%d" % i for i in range(10)]) == [RESERVED] * 10
+    h.clock.advance(1)
+    assert h.reserve(cache, [b"new"], h.ctx(client_id="other"))[0].state == RESERVED
+    assert h.stats(cache).evictions == 1
+    assert h.lookup(cache, [b"s0"]).found == 0  # the oldest stored block went
+
+
 def test_writers_fill_slabs_of_their_own_then_the_rest(h):
     info = h.make(slots=16, slab_slots=4)
     cache, per = info.cache_id, info.geometry.slab_slots
