@@ -477,18 +477,9 @@ class Run:
         per[what] = per.get(what, 0) + blocks
 
     def start(self) -> None:
-        from emberfs.cli.localcluster import LocalCluster
         from emberfs.client.fs import EmberFileSystem
 
-        self.cluster = LocalCluster(
-            self.workdir / "emberfs",
-            storage_servers=3,
-            replicas=3,
-            admin_token=os.environ.get("EMBERFS_ADMIN_TOKEN") or secrets.token_urlsafe(32),
-        )
-        log(f"starting EmberFS (3 storage servers, R=3) in {self.workdir}")
-        self.cluster.start()
-        os.environ["EMBERFS_TOKEN"] = self.cluster.admin_token  # this process is the admin
+        self.cluster = mount.start_cluster(self.workdir)  # this process is the admin
         self.fs = EmberFileSystem(meta=self.cluster.meta_address, skip_instance_cache=True)
         self.metrics_url = f"{self.cluster.admin_url}/metrics"
         self.pids = [s.proc.pid for s in self.cluster.metas + self.cluster.storage]

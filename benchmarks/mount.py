@@ -473,6 +473,28 @@ class JuiceFS:
 
 
 # the measurements ---------------------------------------------------------------------------
+
+
+def start_cluster(workdir: Path):
+    """A started ``LocalCluster`` of 3 storage servers, R = 3, under ``workdir``.
+
+    This process (and the children it starts) then acts as its administrator
+    (``EMBERFS_TOKEN``).
+    """
+    from emberfs.cli.localcluster import LocalCluster
+
+    cluster = LocalCluster(
+        workdir / "emberfs",
+        storage_servers=3,
+        replicas=3,
+        admin_token=os.environ.get("EMBERFS_ADMIN_TOKEN") or secrets.token_urlsafe(32),
+    )
+    log(f"starting EmberFS (3 storage servers, R=3) in {workdir}")
+    cluster.start()
+    os.environ["EMBERFS_TOKEN"] = cluster.admin_token
+    return cluster
+
+
 class Run:
     """One run: the cluster, its client, the mounts, and what has been measured."""
 
@@ -494,19 +516,10 @@ class Run:
 
     # set-up
     def start(self) -> None:
-        from emberfs.cli.localcluster import LocalCluster
         from emberfs.client.fs import EmberFileSystem
 
-        self.cluster = LocalCluster(
-            self.workdir / "emberfs",
-            storage_servers=3,
-            replicas=3,
-            admin_token=os.environ.get("EMBERFS_ADMIN_TOKEN") or secrets.token_urlsafe(32),
-        )
-        log(f"starting EmberFS (3 storage servers, R=3) in {self.workdir}")
-        self.cluster.start()
         # the mounts, the reader processes and this process act as the cluster's administrator
-        os.environ["EMBERFS_TOKEN"] = self.cluster.admin_token
+        self.cluster = start_cluster(self.workdir)
         self.meta = self.cluster.meta_address
         self.fs = EmberFileSystem(meta=self.meta, skip_instance_cache=True)
         self.servers = [s.proc.pid for s in self.cluster.metas + self.cluster.storage]

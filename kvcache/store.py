@@ -360,19 +360,23 @@ class KVCache:
             if len(into) != len(keys):
                 raise ValueError("batch_get needs one buffer per key")
             views = [_view(b, writable=True) for b in into]
-        out: list = [None] * len(keys)
-        for start in range(0, len(keys), BATCH):
-            part = keys[start : start + BATCH]
-            part_views = None if views is None else views[start : start + BATCH]
-            got = self._get_part(part, part_views)
-            out[start : start + len(part)] = got
-        return out
+        if views is None:
+            return [got for part in _batches(keys) for got in self._get_part(part, None)]
+        return [
+            got
+            for part, part_views in zip(_batches(keys), _batches(views), strict=True)
+            for got in self._get_part(part, part_views)
+        ]
+
+    def _lookup(self, keys: list[bytes], **flags) -> kvcache_pb2.KvLookupResponse:
+        """One ``KvLookup`` of ``keys`` (``prefix``, ``touch`` as the request takes them)."""
+        req = kvcache_pb2.KvLookupRequest(
+            ctx=self._meta.context(), cache_id=self.cache_id, keys=keys, **flags
+        )
+        return self._meta.meta("KvLookup", req, self.path)
 
     def _get_part(self, keys: list[bytes], views: list[memoryview] | None) -> list:
-        req = kvcache_pb2.KvLookupRequest(
-            ctx=self._meta.context(), cache_id=self.cache_id, keys=keys, touch=True
-        )
-        resp = self._meta.meta("KvLookup", req, self.path)
+        resp = self._lookup(keys, touch=True)
         self._learn(resp.capabilities)
         rt = self.fs._rt.get()
         hits: list[tuple[int, kvcache_pb2.KvLocation, memoryview]] = []
@@ -399,11 +403,12 @@ class KVCache:
         ]
         wait(futures)
         failed: set[int] = set()  # hits (by their number in ``hits``) not read
+        dests = [dest for _, _, dest in hits]
         for t, fut in zip(transfers, futures, strict=True):
             if _read_failed(fut):
                 failed.update(t.blocks())
             else:
-                t.scatter([dest for _, _, dest in hits])
+                t.scatter(dests)
             t.release(rt.blocks)
         jobs = [(i, loc, dest) for h, (i, loc, dest) in enumerate(hits) if h not in failed]
         out: list = [None] * len(keys)
@@ -438,12 +443,8 @@ class KVCache:
         """How many leading ``keys`` are stored (the longest cached prefix); reads no block."""
         keys = [as_key(k) for k in keys]
         found = 0
-        for start in range(0, len(keys), BATCH):
-            part = keys[start : start + BATCH]
-            req = kvcache_pb2.KvLookupRequest(
-                ctx=self._meta.context(), cache_id=self.cache_id, keys=part, prefix=True
-            )
-            n = self._meta.meta("KvLookup", req, self.path).found
+        for part in _batches(keys):
+            n = self._lookup(part, prefix=True).found
             found += n
             if n < len(part):
                 break
@@ -452,13 +453,7 @@ class KVCache:
     def contains(self, keys: Sequence[bytes | str]) -> list[bool]:
         """Per key whether it is stored (not only the prefix); reads no block."""
         keys = [as_key(k) for k in keys]
-        out: list[bool] = []
-        for start in range(0, len(keys), BATCH):
-            req = kvcache_pb2.KvLookupRequest(
-                ctx=self._meta.context(), cache_id=self.cache_id, keys=keys[start : start + BATCH]
-            )
-            out.extend(loc.found for loc in self._meta.meta("KvLookup", req, self.path).locations)
-        return out
+        return [loc.found for part in _batches(keys) for loc in self._lookup(part).locations]
 
     def exists(self, key: bytes | str) -> bool:
         """Whether one key is stored."""
@@ -481,10 +476,11 @@ class KVCache:
                 raise ValueError(
                     f"a block of {len(v)} bytes (the cache takes 1 to {self.block_size})"
                 )
-        out: list[PutStatus] = []
-        for start in range(0, len(keys), BATCH):
-            out.extend(self._put_part(keys[start : start + BATCH], views[start : start + BATCH]))
-        return out
+        return [
+            status
+            for part, part_views in zip(_batches(keys), _batches(views), strict=True)
+            for status in self._put_part(part, part_views)
+        ]
 
     def _put_part(self, keys: list[bytes], views: list[memoryview]) -> list[PutStatus]:
         meta = self._meta
@@ -510,11 +506,14 @@ class KVCache:
             return out
         # blocks in consecutive slots of one chunk are written as one range (a slot's
         # padding past its block is its own), so a chunk is rewritten once, not per block
+        sources = [views[i] for i, _ in jobs]
         transfers = self._transfers(
-            [(r.slot, views[i]) for i, r in jobs], self.geometry.stride - 1, rt.blocks
+            [(r.slot, v) for (_, r), v in zip(jobs, sources, strict=True)],
+            self.geometry.stride - 1,
+            rt.blocks,
         )
         for t in transfers:
-            t.gather([views[i] for i, _ in jobs])
+            t.gather(sources)
         futures = [
             rt.executor.submit(
                 rt.data.write_chunk,
@@ -527,7 +526,7 @@ class KVCache:
             )
             for t in transfers
         ]
-        crcs = [crc32c.crc32c(views[i]) for i, _ in jobs]
+        crcs = [crc32c.crc32c(v) for v in sources]
         wait(futures)
         for t in transfers:
             t.release(rt.blocks)
@@ -565,9 +564,9 @@ class KVCache:
         """Remove keys; their slots are reused. How many stored blocks went."""
         keys = [as_key(k) for k in keys]
         total = 0
-        for start in range(0, len(keys), BATCH):
+        for part in _batches(keys):
             req = kvcache_pb2.KvDeleteRequest(
-                ctx=self._meta.context(), cache_id=self.cache_id, keys=keys[start : start + BATCH]
+                ctx=self._meta.context(), cache_id=self.cache_id, keys=part
             )
             total += self._meta.meta("KvDelete", req, self.path).deleted
         return total
@@ -682,6 +681,11 @@ class _Transfer:
         if self.buffer is not None:
             pool.put(self.buffer)
             self.buffer = None
+
+
+def _batches(items: list) -> list[list]:
+    """``items`` in pieces of :data:`BATCH`, a metaserver call each."""
+    return [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
 
 
 def _storage_failure(exc: BaseException) -> bool:

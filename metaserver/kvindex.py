@@ -178,8 +178,20 @@ def writer_key(cache: int, client_id: str) -> bytes:
     return keys.KV_WRITER + _U64.pack(cache) + client_id.encode("utf-8", "surrogateescape")
 
 
+def stats_prefix(cache: int) -> bytes:
+    return keys.KV_STATS + _U64.pack(cache)
+
+
 def stats_key(cache: int, shard: int) -> bytes:
-    return keys.KV_STATS + _U64.pack(cache) + bytes([shard])
+    return stats_prefix(cache) + bytes([shard])
+
+
+def _total(shards) -> Counters:
+    """The counters of a cache: the sum of its shards' ``(key, value)`` pairs."""
+    total = Counters()
+    for _, raw in shards:
+        total.add(Counters(_COUNTERS.unpack(raw)))
+    return total
 
 
 def _u64(raw: bytes | None) -> int:
@@ -320,13 +332,7 @@ class KVIndex:
         cache = directory.inode
         if run_transaction(self.engine, lambda txn: txn.get(cache_key(cache))) is None:
             raise NotFound("not a KV cache")
-        info = self._infos.get(cache)
-        if info is None:
-            info = self._load_info(cache)
-        out = kvcache_pb2.KvCacheInfo()
-        out.CopyFrom(info)
-        out.path = path
-        return out
+        return self.info(cache, path)
 
     def _load_info(self, cache: int) -> kvcache_pb2.KvCacheInfo:
         rec = run_transaction(self.engine, lambda txn: self._record(txn, cache))
@@ -349,14 +355,12 @@ class KVIndex:
         self._infos[cache] = info  # slab files and their chains never change
         return info
 
-    def info(self, cache: int) -> kvcache_pb2.KvCacheInfo:
-        """The cache's geometry and slabs (its path as it was made)."""
-        info = self._infos.get(cache)
-        if info is None:
-            info = self._load_info(cache)
+    def info(self, cache: int, path: str | None = None) -> kvcache_pb2.KvCacheInfo:
+        """The cache's geometry and slabs, named ``path`` (default: its path as it was made)."""
+        info = self._infos.get(cache) or self._load_info(cache)
         out = kvcache_pb2.KvCacheInfo()
         out.CopyFrom(info)
-        out.path = self._records[cache].path
+        out.path = self._records[cache].path if path is None else path
         return out
 
     def totals(self) -> list[tuple[kvcache_pb2.KvCacheRecord, Counters]]:
@@ -366,10 +370,7 @@ class KVIndex:
             rec = kvcache_pb2.KvCacheRecord.FromString(raw)
             if self.engine.get(keys.inode_key(rec.cache_id)) is None:
                 continue  # removed; the sweep deletes its index
-            total = Counters()
-            for _, value in self.engine.scan_prefix(stats_key(rec.cache_id, 0)[:-1]):
-                total.add(Counters(_COUNTERS.unpack(value)))
-            out.append((rec, total))
+            out.append((rec, _total(self.engine.scan_prefix(stats_prefix(rec.cache_id)))))
         return out
 
     def slab_of(self, cache: int, slot: int) -> int:
@@ -450,12 +451,7 @@ class KVIndex:
 
         def attempt(txn: Transaction) -> tuple[Counters, int]:
             self._begin(txn, cache, creds, access.READ)
-            total = Counters()
-            for shard in range(STAT_SHARDS):
-                raw = txn.get(stats_key(cache, shard))
-                if raw is not None:
-                    total.add(Counters(_COUNTERS.unpack(raw)))
-            return total, _u64(txn.get(fill_key(cache)))
+            return _total(txn.scan_prefix(stats_prefix(cache))), _u64(txn.get(fill_key(cache)))
 
         return run_transaction(self.engine, attempt)
 

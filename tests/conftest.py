@@ -22,6 +22,7 @@ import pytest
 from hypothesis import Phase, settings
 
 from emberfs.cli.localcluster import LocalCluster, LocalEtcd
+from emberfs.client.fs import EmberFileSystem
 
 pytest_plugins = ("pytester",)  # tests/test_conftest.py runs pytest on sample test files
 
@@ -135,6 +136,16 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture
+def fs(cluster):
+    """A filesystem instance of its own, talking to the shared cluster."""
+    instance = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
+    try:
+        yield instance
+    finally:
+        instance.close()
 
 
 @pytest.fixture

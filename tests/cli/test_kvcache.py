@@ -10,7 +10,6 @@ import uuid
 import pytest
 
 from emberfs.cli.localcluster import emberfs_command, free_port
-from emberfs.client.fs import EmberFileSystem
 from emberfs.kvcache import KVCache, PutStatus
 
 KiB = 1024
@@ -32,15 +31,6 @@ def run(cluster):
         )
 
     return run
-
-
-@pytest.fixture
-def fs(cluster):
-    instance = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
-    try:
-        yield instance
-    finally:
-        instance.close()
 
 
 @pytest.fixture

@@ -6,18 +6,7 @@ import uuid
 
 import pytest
 
-from emberfs.client.fs import EmberFileSystem
 from emberfs.kvcache import KVCache
-
-
-@pytest.fixture
-def fs(cluster):
-    """A filesystem instance of its own, talking to the shared cluster."""
-    instance = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
-    try:
-        yield instance
-    finally:
-        instance.close()
 
 
 @pytest.fixture
