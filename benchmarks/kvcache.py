@@ -533,8 +533,8 @@ def per_block(figs: list[dict], blocks: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from emberfs.common.units import parse_size
-    from emberfs.kvcache.layout import DTYPE_BYTES, KVLayout, human
+    from emberfs.common.units import format_size, parse_size
+    from emberfs.kvcache.layout import DTYPE_BYTES, KVLayout
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5, help="recorded rounds (default 5)")
@@ -571,9 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     reference = KVLayout.from_hidden(80, 8192, dtype="bfloat16")
     layout_text = (
         f"{args.layers} layers, hidden {args.hidden}, {args.dtype}, "
-        f"{args.tokens_per_block} tokens a block: {human(layout.bytes_per_token)} a token, "
-        f"{human(layout.block_size)} a block (the 70B layout, 80 layers: "
-        f"{human(reference.bytes_per_token)} a token)"
+        f"{args.tokens_per_block} tokens a block: {format_size(layout.bytes_per_token)} a token, "
+        f"{format_size(layout.block_size)} a block (the 70B layout, 80 layers: "
+        f"{format_size(reference.bytes_per_token)} a token)"
     )
 
     def on_sigterm(signum, frame):
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                     case.rounds.append(figs)
                 g, s = figs["get_slab"], figs["put_slab"]
                 log(
-                    f"{label}: {case.name} ({human(case.block_size)} x {case.blocks}): "
+                    f"{label}: {case.name} ({format_size(case.block_size)} x {case.blocks}): "
                     f"batch_get {g['bytes_per_s'] / GB:.2f} GB/s, readinto "
                     f"{figs['get_one_file']['bytes_per_s'] / GB:.2f} "
                     f"({g['bytes_per_s'] / figs['get_one_file']['bytes_per_s']:.2f}x), "
@@ -778,7 +778,7 @@ def meta_per_batch(fig: dict) -> str:
 
 
 def print_report(doc: dict, stream=sys.stdout) -> None:
-    from emberfs.kvcache.layout import human
+    from emberfs.common.units import format_size
 
     cfg = doc["config"]
     rounds = cfg["rounds"]
@@ -793,7 +793,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
     for name, case in doc["cases"].items():
         what = "layout" if name == "large" else "small"
         print(
-            f"  {human(case['block_size'])} blocks ({what}) x {case['blocks']} a batch, GB/s",
+            f"  {format_size(case['block_size'])} blocks ({what}) x {case['blocks']} a batch, GB/s",
             file=stream,
         )
         figs, ratios = case["figures"], case["ratios"]
@@ -834,7 +834,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
     print("\nmetaserver calls per batch (its own time per batch), last round", file=stream)
     for case in doc["cases"].values():
         last = case["rounds"][-1]
-        print(f"  {human(case['block_size'])} blocks x {case['blocks']}", file=stream)
+        print(f"  {format_size(case['block_size'])} blocks x {case['blocks']}", file=stream)
         for key in (*(f"get_{g}" for g in GETS), *(f"put_{p}" for p in PUTS)):
             print(f"    {OPS[key]:<32}{meta_per_batch(last[key])}", file=stream)
     last = e["rounds"][-1]
@@ -847,7 +847,7 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         for i, r in enumerate(case["rounds"], 1):
             for key in (f"get_{g}" for g in GETS):
                 if r[key]["disk_read_bytes"] >= MiB:
-                    what = f"{human(case['block_size'])} blocks, {OPS[key]}"
+                    what = f"{format_size(case['block_size'])} blocks, {OPS[key]}"
                     disk.setdefault(what, []).append(
                         f"{r[key]['disk_read_bytes'] / MiB:.0f} (round {i})"
                     )

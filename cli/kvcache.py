@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 from emberfs.cli.files import EXIT_OK, EXIT_USAGE, _filesystem, _parser, _run
 from emberfs.common import kvgeometry
-from emberfs.common.units import parse_size
-from emberfs.kvcache.layout import DTYPE_BYTES, KVLayout, human
+from emberfs.common.units import format_size, parse_size
+from emberfs.kvcache.layout import DTYPE_BYTES, KVLayout
 from emberfs.kvcache.store import KVCache
 
 LIST_PAGE = 1000  # keys per index call of ``ls`` (the metaserver answers up to 10000)
@@ -115,7 +115,7 @@ def _amount(n: int, decimal: bool = False) -> str:
     """``n`` bytes exactly, and in binary (and decimal) units: ``2,621,440 bytes (2.5 MiB)``."""
     if n < 1024:
         return f"{n:,} bytes"
-    units = f"{human(n)}, {_decimal(n)}" if decimal else human(n)
+    units = f"{format_size(n)}, {_decimal(n)}" if decimal else format_size(n)
     return f"{n:,} bytes ({units})"
 
 

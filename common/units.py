@@ -1,4 +1,4 @@
-"""Byte counts written for people: ``"4MiB"``, ``"1G"``, ``"128k"``, ``"4096"``."""
+"""Byte counts written for people: read (``"4MiB"``, ``"1G"``, ``"128k"``, ``"4096"``) and written (``"2.5 MiB"``)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,12 @@ def parse_size(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"negative size: {text!r}")
     return value
+
+
+def format_size(n: float) -> str:
+    """``n`` bytes in binary units, four significant digits (``2.5 MiB``, ``800 GiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
+        n /= 1024
+    return f"{n} B"

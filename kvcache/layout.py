@@ -86,12 +86,3 @@ class KVLayout:
     def blocks(self, users: int, context: int) -> int:
         """Blocks of ``users`` contexts of ``context`` tokens (each context's last one partly full)."""
         return users * -(-context // self.tokens_per_block)
-
-
-def human(n: float) -> str:
-    """``n`` bytes in binary units (``2.5 MiB``)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.4g} {unit}"
-        n /= 1024
-    return f"{n} B"
