@@ -120,9 +120,15 @@ def block_crcs(data, block_size: int = DEFAULT_BLOCK) -> list[int]:
 
 # CRC32C (reflected polynomial 0x82F63B78) is linear over GF(2): the CRC of
 # A + B is the CRC of A carried through len(B) zero bytes, XOR the CRC of B.
-# Carrying a CRC through n zero bytes is a 32x32 bit matrix, kept here as four
-# 256-entry tables (one per byte of the CRC) so applying it costs four lookups.
+# Carrying a CRC through n zero bytes is a 32x32 bit matrix. For the few
+# lengths that recur (a frame's block size) it is kept as four 256-entry tables
+# (one per byte of the CRC), so applying it costs four lookups; building them
+# costs milliseconds of Python, so they are built only for block sizes that are
+# powers of two, and any other length (the short last block of a frame, which
+# differs from file to file) is carried by the CRC instruction itself over that
+# many zero bytes instead: microseconds for a block.
 _CRC32C_POLY = 0x82F63B78
+_ZEROS = memoryview(bytes(1 << 20))
 
 
 def _gf2_apply(matrix: list[int], vec: int) -> int:
@@ -140,7 +146,7 @@ def _gf2_square(matrix: list[int]) -> list[int]:
     return [_gf2_apply(matrix, column) for column in matrix]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def _zeros_operator(n: int) -> tuple[tuple[int, ...], ...]:
     """Tables of the map "CRC register after ``n`` more zero bytes" (n >= 1)."""
     op = [_CRC32C_POLY] + [1 << i for i in range(31)]  # one zero bit
@@ -161,13 +167,27 @@ def _zeros_operator(n: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tables)
 
 
-def crc32c_combine(crc_a: int, crc_b: int, len_b: int) -> int:
-    """CRC32C of ``A + B`` from ``crc32c(A)``, ``crc32c(B)`` and ``len(B)``."""
-    if len_b <= 0:
-        return crc_a
+def _combine_by_table(crc_a: int, crc_b: int, len_b: int) -> int:
     t0, t1, t2, t3 = _zeros_operator(len_b)
     shifted = t0[crc_a & 0xFF] ^ t1[(crc_a >> 8) & 0xFF] ^ t2[(crc_a >> 16) & 0xFF]
     return shifted ^ t3[crc_a >> 24] ^ crc_b
+
+
+def crc32c_combine(crc_a: int, crc_b: int, len_b: int) -> int:
+    """CRC32C of ``A + B`` from ``crc32c(A)``, ``crc32c(B)`` and ``len(B)``.
+
+    Any length: ``crc32c(A + zeros) ^ crc32c(zeros) ^ crc32c(B)``, both
+    zero runs hashed by the CRC instruction.
+    """
+    if len_b <= 0:
+        return crc_a
+    with_a, alone = crc_a, 0
+    while len_b:
+        piece = _ZEROS[: min(len_b, len(_ZEROS))]
+        with_a = crc32c.crc32c(piece, with_a)
+        alone = crc32c.crc32c(piece, alone)
+        len_b -= len(piece)
+    return with_a ^ alone ^ crc_b
 
 
 def combine_crcs(crcs, block_size: int, data_len: int) -> int:
@@ -181,9 +201,11 @@ def combine_crcs(crcs, block_size: int, data_len: int) -> int:
         return 0
     total = crcs[0]
     last = len(crcs) - 1
-    for i in range(1, last + 1):
-        length = block_size if i < last else data_len - last * block_size
-        total = crc32c_combine(total, crcs[i], length)
+    whole = _combine_by_table if block_size & (block_size - 1) == 0 else crc32c_combine
+    for i in range(1, last):
+        total = whole(total, crcs[i], block_size)
+    if last:
+        total = crc32c_combine(total, crcs[last], data_len - last * block_size)
     return total
 
 

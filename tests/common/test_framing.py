@@ -316,3 +316,21 @@ def test_crc32c_combine_of_two_parts():
     joined = framing.crc32c_combine(crc32c.crc32c(a), crc32c.crc32c(b), len(b))
     assert joined == crc32c.crc32c(a + b)
     assert framing.crc32c_combine(crc32c.crc32c(a), 0, 0) == crc32c.crc32c(a)
+    big = random.Random(3).randbytes(3 * (1 << 20) + 5)  # longer than one run of zeros
+    joined = framing.crc32c_combine(crc32c.crc32c(a), crc32c.crc32c(big), len(big))
+    assert joined == crc32c.crc32c(a + big)
+
+
+def test_odd_last_blocks_build_no_tables():
+    """Small files end in short blocks of every length; only block sizes get a table."""
+    framing._zeros_operator.cache_clear()
+    rng = random.Random(5)
+    for _ in range(40):
+        size = rng.randrange(65536 + 1, 4 * 65536)
+        data = rng.randbytes(size)
+        assert framing.combine_crcs(framing.block_crcs(data), 65536, size) == crc32c.crc32c(data)
+    data = rng.randbytes(5 * 6000 + 7)  # a block size that is no power of two
+    assert framing.combine_crcs(framing.block_crcs(data, 6000), 6000, len(data)) == (
+        crc32c.crc32c(data)
+    )
+    assert framing._zeros_operator.cache_info().currsize == 1
