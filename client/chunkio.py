@@ -31,7 +31,7 @@ from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING
 
 from emberfs.client.buffers import ResultBuffer, as_bytes, result_buffer
-from emberfs.client.datapath import ChunkLost
+from emberfs.client.datapath import ChunkLost, ChunkWrite
 from emberfs.client.handles import OpenHandle
 from emberfs.client.meta import MetaClient
 from emberfs.common import extents
@@ -180,6 +180,40 @@ class ChunkIO:
             h.chunk_size,
         )
 
+    def submit_files(self, files: list[tuple[OpenHandle, memoryview]]) -> list[list[Future]]:
+        """Start writing whole files (``(handle, bytes)``, from offset 0): each file's futures.
+
+        The chunks of the files that go to one chain travel in write batches
+        (:meth:`DataPath.write_chunks <emberfs.client.datapath.DataPath.write_chunks>`)
+        of at most :data:`BATCH_WRITES` chunks and :data:`BATCH_BYTES` bytes, the
+        batches of every chain in parallel on the runtime's executor; a future
+        per chunk tells that chunk's outcome.
+        """
+        rt = self._runtime.get()
+        out: list[list[Future]] = []
+        by_chain: dict[int, list[tuple[Future, ChunkWrite]]] = {}
+        for h, view in files:
+            futures = []
+            for s in chunk_spans(0, len(view), h.chunk_size):
+                fut: Future = Future()
+                piece = view[s.file_offset : s.file_offset + s.length]
+                write = ChunkWrite(h.inode, s.index, s.chunk_offset, piece, h.chunk_size)
+                by_chain.setdefault(chunk_chain(h.chains, s.index), []).append((fut, write))
+                futures.append(fut)
+            out.append(futures)
+        for chain_id, pending in by_chain.items():
+            batch: list[tuple[Future, ChunkWrite]] = []
+            size = 0
+            for item in pending:
+                n = len(item[1].data)
+                if batch and (len(batch) >= BATCH_WRITES or size + n > BATCH_BYTES):
+                    rt.executor.submit(_write_batch, rt, chain_id, batch)
+                    batch, size = [], 0
+                batch.append(item)
+                size += n
+            rt.executor.submit(_write_batch, rt, chain_id, batch)
+        return out
+
     def read_range(self, h: OpenHandle, start, end) -> bytes:
         """The file bytes [start, end) (as :func:`byte_range` takes them), all chunks at once."""
         start, end = byte_range(h.size, start, end)
@@ -207,6 +241,24 @@ class ChunkIO:
             buf, view = result_buffer(hi - lo)
             jobs.append((None, buf, self.submit_into(h, lo, view) if hi > lo else []))
         return jobs
+
+
+#: most chunks, and bytes, of one write batch of :meth:`ChunkIO.submit_files`
+BATCH_WRITES = 32
+BATCH_BYTES = 8 * 1024 * 1024
+
+
+def _write_batch(rt: Runtime, chain_id: int, batch: list[tuple[Future, ChunkWrite]]) -> None:
+    """Write a batch of :meth:`ChunkIO.submit_files` and settle each chunk's future."""
+    try:
+        results = rt.data.write_chunks(chain_id, [w for _, w in batch])
+    except BaseException as exc:
+        results = [exc] * len(batch)
+    for (fut, _), result in zip(batch, results, strict=True):
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
 
 
 class HandleReader:

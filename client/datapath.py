@@ -19,6 +19,7 @@ import queue
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from typing import NamedTuple
 
 from emberfs.client.capabilities import Capabilities
 from emberfs.client.lanes import PendingRead, ReadLanes, check_answer
@@ -29,6 +30,17 @@ from emberfs.common.auth import CapabilityCredential
 from emberfs.common.framing import Op
 from emberfs.common.routing import ChainView, RoutingView, TargetView
 from emberfs.proto import cluster_pb2, data_pb2
+
+
+class ChunkWrite(NamedTuple):
+    """One chunk write of :meth:`DataPath.write_chunks`: ``data`` at ``offset`` of a chunk."""
+
+    inode: int
+    index: int
+    offset: int
+    data: object  # bytes-like
+    chunk_size: int
+
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +385,7 @@ class DataClient:
         offset: int,
         data,
         chunk_size: int,
+        request_id: int = 0,
     ) -> data_pb2.ChunkWriteResponse:
         """Write ``data`` at ``offset`` of chunk ``index`` through the chain head.
 
@@ -380,8 +393,9 @@ class DataClient:
         id, so the chain applies it once) after routing refreshes until
         ``write_timeout``; then raises OSError(EIO). A replica of the chain
         without room for the update (NO_SPACE) raises OSError(ENOSPC) at once.
+        ``request_id`` (0: a new one) continues a write tried before.
         """
-        request_id = self.ids.next()
+        request_id = request_id or self.ids.next()
         seen: list[RoutingView | None] = [None]
         payload = memoryview(data).cast("B")
         denials: list[wire.Denied] = []
@@ -432,6 +446,71 @@ class DataClient:
                 raise TransientError(f"{head.data_address}: {exc!r}") from None
 
         return self._retrying(attempt, seen, chain_id, "write", self.write_timeout, max_backoff=1.0)
+
+    def write_chunks(self, chain_id: int, writes: list[ChunkWrite]) -> list:
+        """Write several chunks of one chain at once: each one's response, or its OSError.
+
+        One OP_WRITE_BATCH frame to the chain head carries them all; a write it
+        does not answer OK (a refusal, a lost connection, routing that moved)
+        then goes alone through :meth:`write_chunk` with the same request id,
+        so the chain applies each write once and every error is the one a
+        single write would raise.
+        """
+        ids = [self.ids.next() for _ in writes]
+        out: list = [None] * len(writes)
+        if len(writes) > 1:
+            try:
+                self._send_batch(chain_id, writes, ids, out)
+            except (wire.Refused, OSError, framing.FrameError) as exc:
+                log.debug("write batch on chain %d: %s; writing one by one", chain_id, exc)
+        for i, w in enumerate(writes):
+            if out[i] is None:
+                try:
+                    out[i] = self.write_chunk(
+                        chain_id, w.inode, w.index, w.offset, w.data, w.chunk_size, ids[i]
+                    )
+                except OSError as exc:
+                    out[i] = exc
+        return out
+
+    def _send_batch(self, chain_id: int, writes: list[ChunkWrite], ids: list[int], out: list):
+        """One try of :meth:`write_chunks`: fill ``out`` with the writes the head answered OK."""
+        _, chain = self.routing.chain(chain_id)
+        head = chain.head
+        if head is None:
+            return
+        batch = data_pb2.ChunkWriteBatch()
+        credentials = [self._credential(w.inode, write=True) for w in writes]
+        for w, request_id, credential in zip(writes, ids, credentials, strict=True):
+            batch.writes.append(
+                data_pb2.ChunkWriteRequest(
+                    chain_id=chain_id,
+                    chain_version=chain.version,
+                    target_id=head.target_id,
+                    chunk=data_pb2.ChunkId(inode=w.inode, index=w.index),
+                    offset=w.offset,
+                    chunk_size=w.chunk_size,
+                    client_id=self.ids.client_id,
+                    request_id=request_id,
+                )
+            )
+            batch.lengths.append(len(w.data))
+            if credential is not None:
+                batch.capabilities.append(credential.token)
+        meta = wire.call(
+            self.pool,
+            head.data_address,
+            Op.WRITE_BATCH,
+            batch.SerializeToString(),
+            b"".join(w.data for w in writes),
+            credential=credentials[0],
+        )
+        answer = data_pb2.ChunkWriteBatchResponse.FromString(meta)
+        if len(answer.results) != len(writes):
+            return
+        for i, result in enumerate(answer.results):
+            if result.status == framing.Status.OK:
+                out[i] = result.written
 
     def _retrying(
         self, attempt, seen: list, chain_id: int, what: str, timeout: float, max_backoff: float

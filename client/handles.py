@@ -48,6 +48,7 @@ class OpenHandle:
     session_id: int = 0
     chains: list[int] = field(default_factory=list)
     expired: bool = False  # the metaserver ended the write session (lease ran out)
+    created: bool = False  # the open made the file
 
     @property
     def inode(self) -> int:
@@ -68,7 +69,9 @@ class OpenHandle:
 
     @classmethod
     def from_open(cls, path: str, resp) -> OpenHandle:
-        return cls(path, resp.attr, resp.session_id, list(resp.attr.layout.chains))
+        return cls(
+            path, resp.attr, resp.session_id, list(resp.attr.layout.chains), created=resp.created
+        )
 
     @classmethod
     def for_read(cls, path: str, attr: common_pb2.InodeAttr) -> OpenHandle:

@@ -354,18 +354,25 @@ class MetaClient:
         )
         return self.meta("Remove", req, path).removed
 
-    def batch_remove(self, paths: Sequence[str], recursive: bool = False) -> list[int | OSError]:
+    def batch_remove(
+        self, paths: Sequence[str], recursive: bool = False, inodes: Sequence[int] = ()
+    ) -> list[int | OSError]:
         """Remove many paths in order, :data:`BATCH_OPEN` to a round trip.
 
         One entry per path: the number of entries removed, or the OSError
-        subclass ``Remove`` would raise.
+        subclass ``Remove`` would raise. ``inodes`` (one per path) removes
+        each path only while it names that inode (FileNotFoundError otherwise).
         """
+        items = list(zip(paths, inodes, strict=True)) if inodes else [(p, 0) for p in paths]
         return self._batched(
             "BatchRemove",
-            paths,
+            items,
             paths,
             lambda part: meta_pb2.BatchRemoveRequest(
-                ctx=self.context(len(part)), paths=part, recursive=recursive
+                ctx=self.context(len(part)),
+                paths=[p for p, _ in part],
+                recursive=recursive,
+                inodes=[i for _, i in part] if inodes else [],
             ),
             lambda r: r.removed,
         )

@@ -24,6 +24,7 @@ loop over files does. The moves of one file (``get_file``, ``put_file``,
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -33,12 +34,13 @@ from emberfs.client.chunkio import wait_all
 from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, is_a_directory, stale_session
 from emberfs.client.meta import BATCH_OPEN, MetaClient
-from emberfs.common.layout import chunk_spans
 from emberfs.proto import common_pb2, meta_pb2
 
 if TYPE_CHECKING:
     from emberfs.client.fs import EmberFileSystem
     from emberfs.client.runtime import ProcessRuntime
+
+log = logging.getLogger(__name__)
 
 
 class BatchTransfer:
@@ -194,11 +196,14 @@ class BatchTransfer:
     def _write_files(self, items: dict, exclusive: bool = False) -> dict[str, OSError]:
         """Write whole files ``{stripped path: bytes-like}``, all at once; the failures by path.
 
-        One ``BatchWriteOpen`` (per 1000), every chunk of every file on the
-        runtime's executor together, then one ``BatchClose`` with the exact
-        lengths (a file whose writes failed keeps the length it was opened
-        with, as :meth:`EmberFile.close <emberfs.client.file.EmberFile.close>`
-        leaves it). Every file is attempted.
+        One ``BatchWriteOpen`` (per 1000), every chunk of every file at once
+        (the chunks bound for one chain in write batches,
+        :meth:`~emberfs.client.chunkio.ChunkIO.submit_files`), then one
+        ``BatchClose`` with the exact lengths. A file this call created whose
+        writes or close failed is removed again (one ``BatchRemove``); an
+        existing file whose writes failed keeps the length it was opened with,
+        as :meth:`EmberFile.close <emberfs.client.file.EmberFile.close>` leaves
+        it. Every file is attempted.
         """
         flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
         flags |= meta_pb2.OPEN_EXCLUSIVE if exclusive else meta_pb2.OPEN_TRUNCATE
@@ -210,16 +215,12 @@ class BatchTransfer:
         opened = {p: h for p, h in handles.items() if not isinstance(h, OSError)}
         sessions = self.fs.sessions
         try:
-            writes = {}
-            for p, h in opened.items():
+            for h in opened.values():
                 sessions.register(h)
-                view = memoryview(datas[p])
-                writes[p] = [
-                    self.fs.chunk_io.submit_write(
-                        h, s.file_offset, view[s.file_offset : s.file_offset + s.length]
-                    )
-                    for s in chunk_spans(0, len(view), h.chunk_size)
-                ]
+            started = self.fs.chunk_io.submit_files(
+                [(h, memoryview(datas[p])) for p, h in opened.items()]
+            )
+            writes = dict(zip(opened, started, strict=True))
             closing = []
             for p, h in opened.items():
                 try:
@@ -245,7 +246,22 @@ class BatchTransfer:
         finally:
             for h in opened.values():
                 sessions.unregister(h)
+            self._take_back([h for p, h in opened.items() if h.created and p in failed])
         return {p: _as_oserror(error, f"writing {p}", p) for p, error in failed.items()}
+
+    def _take_back(self, handles: list[OpenHandle]) -> None:
+        """Remove the files this call created whose data or close failed: none stays half made.
+
+        Each path goes only while it still names the file created (another
+        writer's file that replaced it stays); a failure here leaves the file
+        as a failed single write would (its error is the write's).
+        """
+        if not handles:
+            return
+        try:
+            self._meta.batch_remove([h.path for h in handles], inodes=[h.inode for h in handles])
+        except OSError as exc:
+            log.warning("could not remove %d files whose writes failed: %s", len(handles), exc)
 
     # moving files --------------------------------------------------------------------
     def get(self, pairs: list[tuple[str, str]], callback) -> None:

@@ -284,9 +284,10 @@ class ServerCredential:
 class CapabilityCredential:
     """The auth section of a client's frames: its signed capability for the file."""
 
-    __slots__ = ("_section", "length")
+    __slots__ = ("_section", "length", "token")
 
     def __init__(self, token: bytes) -> None:
+        self.token = token
         self._section = bytes([CAPABILITY]) + token
         self.length = len(self._section)
 

@@ -54,6 +54,7 @@ class Op(enum.IntEnum):
     WRITE = 2
     TRUNCATE = 3
     PING = 4
+    WRITE_BATCH = 5
 
 
 class Status(enum.IntEnum):

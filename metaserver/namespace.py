@@ -588,7 +588,13 @@ class Namespace:
     def batch_remove(self, req: meta_pb2.BatchRemoveRequest) -> meta_pb2.BatchRemoveResponse:
         """Remove many paths, each a ``Remove`` of its own (in the given order); one WAL sync."""
         out = meta_pb2.BatchRemoveResponse()
-        items = [meta_pb2.RemoveRequest(path=p, recursive=req.recursive) for p in req.paths]
+        if req.inodes and len(req.inodes) != len(req.paths):
+            raise InvalidArgument("BatchRemove takes no inodes or one per path")
+        inodes = req.inodes or [0] * len(req.paths)
+        items = [
+            meta_pb2.RemoveRequest(path=p, recursive=req.recursive, inode=i)
+            for p, i in zip(req.paths, inodes, strict=True)
+        ]
         self._run_each(
             remove.remove,
             "Remove",

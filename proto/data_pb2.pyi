@@ -82,6 +82,32 @@ class ChunkWriteResponse(_message.Message):
     chunk_length: int
     def __init__(self, version: _Optional[int] = ..., chunk_length: _Optional[int] = ...) -> None: ...
 
+class ChunkWriteBatch(_message.Message):
+    __slots__ = ("writes", "lengths", "capabilities")
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    writes: _containers.RepeatedCompositeFieldContainer[ChunkWriteRequest]
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    capabilities: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, writes: _Optional[_Iterable[_Union[ChunkWriteRequest, _Mapping]]] = ..., lengths: _Optional[_Iterable[int]] = ..., capabilities: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ChunkWriteResult(_message.Message):
+    __slots__ = ("status", "message", "written")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    status: int
+    message: str
+    written: ChunkWriteResponse
+    def __init__(self, status: _Optional[int] = ..., message: _Optional[str] = ..., written: _Optional[_Union[ChunkWriteResponse, _Mapping]] = ...) -> None: ...
+
+class ChunkWriteBatchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ChunkWriteResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ChunkWriteResult, _Mapping]]] = ...) -> None: ...
+
 class TruncateStep(_message.Message):
     __slots__ = ("index", "length", "version", "base_version")
     INDEX_FIELD_NUMBER: _ClassVar[int]

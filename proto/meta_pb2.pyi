@@ -119,14 +119,16 @@ class OpenRequest(_message.Message):
     def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ("attr", "session_id", "capability")
+    __slots__ = ("attr", "session_id", "capability", "created")
     ATTR_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
     attr: _common_pb2.InodeAttr
     session_id: int
     capability: bytes
-    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., session_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    created: bool
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., session_id: _Optional[int] = ..., capability: _Optional[bytes] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class BatchOpenRequest(_message.Message):
     __slots__ = ("ctx", "paths")
@@ -285,16 +287,18 @@ class ListResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("ctx", "path", "recursive", "directory")
+    __slots__ = ("ctx", "path", "recursive", "directory", "inode")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RECURSIVE_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     path: str
     recursive: bool
     directory: bool
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ...) -> None: ...
+    inode: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ..., inode: _Optional[int] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("removed",)
@@ -303,14 +307,16 @@ class RemoveResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class BatchRemoveRequest(_message.Message):
-    __slots__ = ("ctx", "paths", "recursive")
+    __slots__ = ("ctx", "paths", "recursive", "inodes")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    INODES_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     paths: _containers.RepeatedScalarFieldContainer[str]
     recursive: bool
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., recursive: _Optional[bool] = ...) -> None: ...
+    inodes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., recursive: _Optional[bool] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchRemoveResult(_message.Message):
     __slots__ = ("removed", "errno")

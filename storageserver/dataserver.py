@@ -53,7 +53,12 @@ from emberfs.storageserver.space import is_no_space
 log = logging.getLogger(__name__)
 
 
-_OP_NAMES = {Op.READ: "read", Op.WRITE: "write", Op.TRUNCATE: "truncate"}
+_OP_NAMES = {
+    Op.READ: "read",
+    Op.WRITE: "write",
+    Op.TRUNCATE: "truncate",
+    Op.WRITE_BATCH: "write_batch",
+}
 
 
 # the answer of a node whose lease from the metaserver ran out (see Node.fenced)
@@ -64,7 +69,11 @@ _REQUESTS = {
     Op.READ: data_pb2.ChunkReadRequest,
     Op.WRITE: data_pb2.ChunkWriteRequest,
     Op.TRUNCATE: data_pb2.ChunkTruncateRequest,
+    Op.WRITE_BATCH: data_pb2.ChunkWriteBatch,
 }
+
+#: most writes in one OP_WRITE_BATCH frame
+MAX_BATCH_WRITES = 256
 
 #: the slowest a frame's data may arrive (bytes/s) before the frame is cut off
 MIN_DATA_RATE = 1024 * 1024
@@ -76,17 +85,53 @@ _CONN_BUFFER_MAX = 16 * 1024 * 1024
 _PENDING, _CLIENT, _SERVER = 0, 1, 2
 
 
-def _client_may(op: int, req, grant: Grant) -> bool:
-    """Whether a client's capability allows request ``req``."""
+def _client_may(op: int, req, grant: Grant, keys: ClusterKeys | None = None) -> bool:
+    """Whether a client's capability allows request ``req``.
+
+    Every write of a batch needs its own capability (``keys`` opens them).
+    """
     if op == Op.PING:
         return True
     if op == Op.READ:
         return grant.covers(req.chunk.inode, write=False)
     if op == Op.WRITE:
-        # a client writes to the head; versions, copies and replacements are the servers'
-        plain = not (req.update_version or req.base_version or req.sync or req.replace)
-        return plain and grant.covers(req.chunk.inode, write=True)
+        return _plain_write(req) and grant.covers(req.chunk.inode, write=True)
+    if op == Op.WRITE_BATCH:
+        if keys is None or len(req.capabilities) != len(req.writes):
+            return False
+        for write, token in zip(req.writes, req.capabilities, strict=True):
+            try:
+                cap = Grant(server=False, capability=keys.open_capability(token))
+            except AuthError:
+                return False
+            if not (_plain_write(write) and cap.covers(write.chunk.inode, write=True)):
+                return False
+        return True
     return False  # truncation is the metaserver's
+
+
+def _plain_write(req: data_pb2.ChunkWriteRequest) -> bool:
+    """A client writes to the head; versions, copies and replacements are the servers'."""
+    return not (req.update_version or req.base_version or req.sync or req.replace)
+
+
+def _batch_refusal(batch: data_pb2.ChunkWriteBatch, data_len: int) -> wire.Refused | None:
+    """Why a write batch is malformed (None when it is not): see ``ChunkWriteBatch``."""
+    n = len(batch.writes)
+    if not n or n > MAX_BATCH_WRITES:
+        return wire.BadRequest(f"a write batch holds 1 to {MAX_BATCH_WRITES} writes, not {n}")
+    if len(batch.lengths) != n or sum(batch.lengths) != data_len:
+        return wire.BadRequest("the write lengths do not add up to the frame's data")
+    chunks = set()
+    for req in batch.writes:
+        if req.sync or req.replace:
+            return wire.BadRequest("resync copies are not batched")
+        if req.chain_id != batch.writes[0].chain_id:
+            return wire.BadRequest("the writes of a batch are on one chain")
+        chunks.add((req.target_id, req.chunk.inode, req.chunk.index))
+    if len(chunks) != n:
+        return wire.BadRequest("a write batch names a chunk twice")
+    return None
 
 
 class _Conn:
@@ -366,9 +411,10 @@ class DataServer:
                 return wire.BadRequest(f"bad request: {exc}")
         else:
             return wire.BadRequest(f"unknown op {op}")
-        if header.data_len and (op != Op.WRITE or header.data_len > rp.MAX_CHUNK_END):
+        limit = framing.MAX_DATA if op == Op.WRITE_BATCH else rp.MAX_CHUNK_END
+        if header.data_len and (op not in (Op.WRITE, Op.WRITE_BATCH) or header.data_len > limit):
             return wire.BadRequest(f"{header.data_len} data bytes do not fit the request")
-        if not grant.server and not _client_may(op, req, grant):
+        if not grant.server and not _client_may(op, req, grant, self._keys):
             return wire.Denied(f"the capability does not allow this {_OP_NAMES.get(op, op)}")
         return req
 
@@ -422,6 +468,8 @@ class DataServer:
                 self._read(conn, req)
             elif op == Op.WRITE:
                 self._write(conn, req, frame)
+            elif op == Op.WRITE_BATCH:
+                self._write_batch(conn, req, frame)
             elif op == Op.TRUNCATE:
                 self._truncate(conn, req)
             else:
@@ -607,6 +655,181 @@ class DataServer:
         meta = store.commit(inode, index, plan.version)
         self.replica.committed(plan)
         self._count(req.target_id, written=len(data))
+        return written(meta)
+
+    def _write_batch(
+        self, conn: _Conn, batch: data_pb2.ChunkWriteBatch, frame: framing.Frame
+    ) -> None:
+        """Writes of several chunks of one chain: each as :meth:`_write` would, forwarded together.
+
+        The chunks are taken in one order (target, inode, index), so batches
+        and single writes cannot deadlock; every answer is kept per write.
+        """
+        data = frame.data if frame.data is not None else memoryview(b"")
+        refusal = _batch_refusal(batch, len(data))
+        if refusal is not None:
+            self._error(conn, Op.WRITE_BATCH, refusal)
+            return
+        stores = self._stores()
+        pieces, at = [], 0
+        for n in batch.lengths:
+            pieces.append(data[at : at + n])
+            at += n
+        writes = batch.writes
+        results: list = [None] * len(writes)
+        order = sorted(
+            range(len(writes)),
+            key=lambda i: (writes[i].target_id, writes[i].chunk.inode, writes[i].chunk.index),
+        )
+        with contextlib.ExitStack() as held:
+            accepted = []
+            for i in order:
+                req = writes[i]
+                role = rp.check_write(self._routing(), stores.keys(), req, len(pieces[i]))
+                if isinstance(role, wire.Refused):
+                    results[i] = role
+                    continue
+                held.enter_context(
+                    self.replica.updating(req.target_id, req.chunk.inode, req.chunk.index)
+                )
+                accepted.append(i)
+            fenced = self._fenced()
+            planned: list[tuple[int, tuple | None, WritePlan]] = []
+            for i in accepted:  # as _write: the chain may have changed while it waited
+                req = writes[i]
+                role = rp.check_write(self._routing(), stores.keys(), req, len(pieces[i]))
+                if fenced:
+                    role = _FENCED
+                if isinstance(role, wire.Refused) or role.kind == rp.WriteKind.SYNC:
+                    results[i] = role if isinstance(role, wire.Refused) else wire.BadRequest()
+                    continue
+                key = self.replica.write_key(req, role)
+                result = self.replica.answered(key)
+                if result is None:
+                    meta = stores[req.target_id].meta(req.chunk.inode, req.chunk.index)
+                    result = self.replica.plan_write(req, role, meta)
+                    if isinstance(result, WritePlan):
+                        planned.append((i, key, result))
+                        continue
+                    self.replica.answer(key, result)
+                results[i] = result
+            outcomes = self._replicate_many(stores, [(plan, pieces[i]) for i, _, plan in planned])
+            for (i, key, _), result in zip(planned, outcomes, strict=True):
+                self.replica.answer(key, result)
+                results[i] = result
+        answer = data_pb2.ChunkWriteBatchResponse()
+        for result in results:
+            item = answer.results.add()
+            if isinstance(result, wire.Refused):
+                item.status, item.message = result.status, result.message
+            else:
+                item.written.CopyFrom(result)
+        self._respond(conn, Op.WRITE_BATCH, answer.SerializeToString())
+
+    def _replicate_many(
+        self, stores: Mapping[int, ChunkStore], items: list[tuple[WritePlan, memoryview]]
+    ) -> list:
+        """:meth:`_replicate` of several plans (their chunks held): one forward for all.
+
+        The plans forwarded to one successor go in one OP_WRITE_BATCH frame
+        while they are staged here; what each answer leads to is decided per
+        plan as for a single write (a successor asking for a whole chunk gets
+        it in a write of its own). Returns each plan's answer, in order.
+        """
+        out: list = [None] * len(items)
+        admitted: list[int] = []
+        for i, (plan, data) in enumerate(items):
+            req = plan.req
+            store = stores[req.target_id]
+            if store.admit_write(
+                req.chunk.inode, req.chunk.index, req.offset, len(data), full_chunk=plan.full
+            ):
+                admitted.append(i)
+            else:
+                out[i] = wire.NoSpace(f"target {req.target_id} has no room for the update")
+        by_successor: dict[str, list[int]] = {}
+        for i in admitted:
+            successor = items[i][0].successor
+            if successor is not None:
+                by_successor.setdefault(successor.data_address, []).append(i)
+        sent = [
+            (
+                group,
+                self._successors.send_many(
+                    [(stores[items[i][0].req.target_id], *items[i]) for i in group]
+                ),
+            )
+            for group in by_successor.values()
+        ]
+        forwards = {i: call for group, call in sent for i in group}
+        failed: dict[int, Exception] = {}
+        for i in admitted:
+            plan, data = items[i]
+            req = plan.req
+            try:
+                stores[req.target_id].stage(
+                    req.chunk.inode,
+                    req.chunk.index,
+                    plan.version,
+                    req.offset,
+                    data,
+                    chunk_size=req.chunk_size,
+                    full_chunk=plan.full,
+                )
+            except Exception as exc:
+                failed[i] = exc
+        answers: dict[int, tuple[int, str]] = {}
+        for group, call in sent:
+            answers.update(zip(group, self._successors.answers_of(call, len(group)), strict=True))
+        for i in admitted:
+            plan, data = items[i]
+            store = stores[plan.req.target_id]
+            try:
+                out[i] = self._settle(
+                    store, plan, data, forwards.get(i), answers.get(i), failed.get(i)
+                )
+            except Exception as exc:
+                log.exception("chunk %d:%d: batched write failed", *plan.key[1:])
+                out[i] = wire.ServerError(f"{type(exc).__name__}: {exc}")
+        return out
+
+    def _settle(
+        self,
+        store: ChunkStore,
+        plan: WritePlan,
+        data: memoryview,
+        forward: wire.Call | None,
+        answer: tuple[int, str] | None,
+        error: Exception | None,
+    ) -> wire.Refused | data_pb2.ChunkWriteResponse:
+        """The end of one plan of :meth:`_replicate_many`, as :meth:`_replicate` ends one.
+
+        ``error`` is what staging it raised; ``answer`` the successor's
+        (status, message) when it was forwarded.
+        """
+        inode, index = plan.req.chunk.inode, plan.req.chunk.index
+        if error is not None:
+            if forward is not None:
+                # a head out of room cannot stage its repair either: the next write mends it
+                self._given_up(store, plan, forward, repair=not is_no_space(error))
+            refusal = self.replica.staging_failed(plan, error, forwarded=forward is not None)
+            if refusal is None:
+                raise error
+            return refusal
+        if forward is not None and answer is not None:
+            try:
+                refusal = self._successors.settle(store, plan, data, *answer)
+            except BaseException:
+                store.abort(inode, index, plan.version)
+                self._given_up(store, plan, forward)
+                raise
+            if refusal is not None:
+                store.abort(inode, index, plan.version)
+                self._given_up(store, plan, forward)
+                return refusal
+        meta = store.commit(inode, index, plan.version)
+        self.replica.committed(plan)
+        self._count(plan.req.target_id, written=len(data))
         return written(meta)
 
     def _given_up(

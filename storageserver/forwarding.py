@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from google.protobuf.message import DecodeError
+
 from emberfs.common import framing, wire
 from emberfs.common.framing import Op, Status
 from emberfs.proto import data_pb2
@@ -60,16 +62,21 @@ class Successors:
 
     # writes --------------------------------------------------------------------
 
+    @staticmethod
+    def _whole(store: ChunkStore, plan: WritePlan, data: memoryview):
+        """The whole new chunk of a range write: its committed base with ``data`` laid over it."""
+        req = plan.req
+        base = b""
+        if plan.base_version:
+            base, _ = store.read_committed(req.chunk.inode, req.chunk.index)
+        return rp.overlay(base, req.offset, data)
+
     def send(
         self, store: ChunkStore, plan: WritePlan, data: memoryview, frame: framing.Frame | None
     ) -> wire.Call:
         """Send ``plan`` to the successor now: the received range, or the whole new chunk."""
-        req = plan.req
         if plan.send_full and not plan.full:
-            base = b""
-            if plan.base_version:
-                base, _ = store.read_committed(req.chunk.inode, req.chunk.index)
-            payload = rp.overlay(base, req.offset, data)
+            payload = self._whole(store, plan, data)
             block_size, crcs = store.block_size, None
         elif frame is None:  # content of this replica's own
             payload, block_size, crcs = data, store.block_size, None
@@ -105,6 +112,56 @@ class Successors:
             if step != rp.Reply.RESEND_FULL:
                 return step
             forward = self.send(store, plan, data, frame)
+
+    def send_many(self, items: list[tuple[ChunkStore, WritePlan, memoryview]]) -> wire.Call:
+        """Send the ``(store, plan, data)`` plans, all for one successor, in one write batch."""
+        batch = data_pb2.ChunkWriteBatch()
+        payloads = []
+        for store, plan, data in items:
+            payload = self._whole(store, plan, data) if plan.send_full and not plan.full else data
+            batch.writes.append(plan.forward())
+            batch.lengths.append(len(payload))
+            payloads.append(payload)
+        joined = b"".join(payloads)
+        return wire.Call(
+            self._pool,
+            items[0][1].successor.data_address,
+            Op.WRITE_BATCH,
+            batch.SerializeToString(),
+            joined if joined else None,
+            block_size=items[0][0].block_size,
+        )
+
+    def answers_of(self, exchange: wire.Call, n: int) -> list[tuple[int, str]]:
+        """The (status, message) of each of the ``n`` writes of a batch sent by :meth:`send_many`.
+
+        A failed exchange, or an answer that does not account for every write,
+        is NOT_SERVING for all of them.
+        """
+        status, message = Status.OK, ""
+        try:
+            answer = data_pb2.ChunkWriteBatchResponse.FromString(exchange.result())
+        except wire.Refused as exc:
+            status, message = exc.status, exc.message
+        except (OSError, framing.FrameError, DecodeError) as exc:
+            status, message = Status.NOT_SERVING, f"{exchange.address}: {exc}"
+        else:
+            if len(answer.results) == n:
+                return [(r.status, r.message) for r in answer.results]
+            status, message = Status.NOT_SERVING, f"{exchange.address}: a short batch answer"
+        return [(status, message)] * n
+
+    def settle(
+        self, store: ChunkStore, plan: WritePlan, data: memoryview, status: int, message: str
+    ) -> wire.Refused | None:
+        """:meth:`await_write` of a plan whose forward was answered ``status`` already."""
+        metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
+        if status == Status.STALE_CHAIN and self._on_stale is not None:
+            self._on_stale()
+        step = self._replica.successor_answered(plan, status, message)
+        if step != rp.Reply.RESEND_FULL:
+            return step
+        return self.await_write(store, plan, data, None, self.send(store, plan, data, None))
 
     # truncations ---------------------------------------------------------------
 

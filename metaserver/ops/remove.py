@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import stat
 
-from emberfs.common.errors import NotADirectory, NotEmpty
+from emberfs.common.errors import NotADirectory, NotEmpty, NotFound
 from emberfs.metaserver import access, keys, lookup, records
 from emberfs.metaserver.kv import TransactionTooLarge
 from emberfs.metaserver.opcontext import OpContext
@@ -60,10 +60,15 @@ def remove(op: OpContext, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveRespons
 
     Directories go only when empty (NotEmpty otherwise) unless ``recursive``;
     ``directory`` refuses anything but a directory (NotADirectory). The root
-    cannot be removed (Busy). Returns the number of entries removed.
+    cannot be removed (Busy). A non-zero ``inode`` removes the entry only
+    while it names that inode (NotFound otherwise): a writer taking back a
+    file it created never removes one that replaced it. Returns the number
+    of entries removed.
     """
     found = lookup.resolve_parent(op, req.path)
     attr = found.require(req.path)
+    if req.inode and attr.inode != req.inode:
+        raise NotFound(f"{req.path} names another file than inode {req.inode}")
     parent = found.parent
     access.check(parent, op.creds, access.WRITE | access.SEARCH, req.path)
     access.check_sticky(parent, attr, op.creds)

@@ -103,7 +103,7 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
     elif not created:
         op.before_growth(attr.inode)  # its writes must not land before a pending cut
     session_id = op.add_session(attr.inode)
-    return meta_pb2.OpenResponse(attr=attr, session_id=session_id)
+    return meta_pb2.OpenResponse(attr=attr, session_id=session_id, created=created)
 
 
 def _open_for_read(op: OpContext, path: str) -> common_pb2.InodeAttr:

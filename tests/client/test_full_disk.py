@@ -83,9 +83,13 @@ def test_a_full_disk_ends_writes_with_enospc_until_files_are_removed(
             with fs.open("/d/stream", "wb") as f:
                 f.write(os.urandom(2 * MiB))
         assert_enospc(err, "/d/stream")
+        batch = {"/d/batch-1": os.urandom(MiB + 5), "/d/batch-2": os.urandom(10)}
         with pytest.raises(OSError) as err:
-            fs.pipe({"/d/batch-1": os.urandom(MiB + 5), "/d/batch-2": os.urandom(10)})
+            fs.pipe(batch)
         assert_enospc(err, "/d/batch-1")
+        # nothing half made: a file the batch created without its data is gone again
+        assert not fs.exists("/d/batch-1")
+        assert not fs.exists("/d/batch-2") or fs.cat_file("/d/batch-2") == batch["/d/batch-2"]
         local = tmp_path / "local"
         local.write_bytes(os.urandom(MiB + 7))
         with pytest.raises(OSError) as err:

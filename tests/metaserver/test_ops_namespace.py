@@ -144,6 +144,7 @@ def test_batch_write_open_gives_what_open_gives_and_batch_close_what_close_gives
     a, _, o, _, _, c = out.results
     assert o.opened.attr.inode == old.inode
     assert a.opened.attr.mode == 0o600 and a.opened.attr.layout.chains
+    assert (a.opened.created, o.opened.created, c.opened.created) == (True, False, True)
     sessions = {r.opened.session_id for r in (a, o, c)}
     assert len(sessions) == 3 and 0 not in sessions
     assert ns.counts()["files"] == 3

@@ -299,3 +299,21 @@ def test_a_detaching_remove_checks_permissions_over_the_whole_tree(store, cuts):
         ns.remove(meta_pb2.RemoveRequest(ctx=user, path="/big", recursive=True))
     assert stat(ns, "/big/d2/e/g").type == common_pb2.FILE  # nothing went
     assert ns.detached() == 0
+
+
+def test_a_remove_bound_to_an_inode_spares_a_file_that_replaced_it(ns):
+    first = ns.create(meta_pb2.CreateRequest(path="/bound")).attr
+    ns.rename(meta_pb2.RenameRequest(src="/bound", dst="/moved"))
+    second = ns.create(meta_pb2.CreateRequest(path="/bound")).attr
+    with pytest.raises(errors.NotFound):
+        rm(ns, "/bound", inode=first.inode)
+    assert stat(ns, "/bound").inode == second.inode
+    got = ns.batch_remove(
+        meta_pb2.BatchRemoveRequest(paths=["/bound", "/moved"], inodes=[first.inode, first.inode])
+    )
+    assert [r.errno for r in got.results] == [errors.NotFound.errno, 0]
+    assert stat(ns, "/bound").inode == second.inode
+    with pytest.raises(errors.NotFound):
+        stat(ns, "/moved")
+    with pytest.raises(errors.InvalidArgument):
+        ns.batch_remove(meta_pb2.BatchRemoveRequest(paths=["/bound"], inodes=[1, 2]))

@@ -308,3 +308,59 @@ def test_wire_maps_denied(secured):
             wire.call(pool, target.data_address, Op.PING, b"")
     finally:
         pool.close()
+
+
+def test_every_write_of_a_batch_needs_its_own_capability(secured):
+    cluster, fs = secured
+    one, info1 = a_file(fs, "/auth/batch-1.bin", CHUNK)
+    two, info2 = a_file(fs, "/auth/batch-2.bin", CHUNK)
+    view, chain = chain_of_chunk(cluster, info1, 0)
+    if info2["chains"][0] != chain.chain_id:  # both first chunks on one chain: another file
+        for k in range(3, 40):
+            two, info2 = a_file(fs, f"/auth/batch-{k}.bin", CHUNK)
+            if info2["chains"][0] == chain.chain_id:
+                break
+        else:
+            pytest.skip("no second file on the first one's chain")
+    head = chain.head
+
+    def batch(capabilities) -> bytes:
+        msg = data_pb2.ChunkWriteBatch(capabilities=capabilities, lengths=[100, 100])
+        for i, info in enumerate((info1, info2)):
+            msg.writes.add(
+                chain_id=chain.chain_id,
+                chain_version=chain.version,
+                target_id=head.target_id,
+                chunk=data_pb2.ChunkId(inode=info["ino"], index=0),
+                chunk_size=info["chunk_size"],
+                client_id="batcher",
+                request_id=100 + i,
+            )
+        return msg.SerializeToString()
+
+    def cap(info, **kwargs) -> CapabilityCredential:
+        return capability(cluster, info["ino"], **({"write": True} | kwargs))
+
+    first = cap(info1)
+    for capabilities in (
+        [],  # none but the frame's
+        [first.token],  # fewer than the writes
+        [first.token, cap(info1).token],  # the first file's for the second
+        [first.token, cap(info2, write=False).token],  # a read-only one
+        [first.token, b"forged" * 10],
+    ):
+        status, _ = exchange(
+            head.data_address, Op.WRITE_BATCH, batch(capabilities), b"z" * 200, first
+        )
+        assert status == framing.Status.DENIED, capabilities
+    assert fs.cat_file("/auth/batch-1.bin") == one
+    status, answer = exchange(
+        head.data_address,
+        Op.WRITE_BATCH,
+        batch([first.token, cap(info2).token]),
+        b"z" * 200,
+        first,
+    )
+    assert status == framing.Status.OK
+    results = data_pb2.ChunkWriteBatchResponse.FromString(answer).results
+    assert [r.status for r in results] == [framing.Status.OK] * 2

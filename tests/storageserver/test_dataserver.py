@@ -715,3 +715,145 @@ def test_a_write_the_head_gives_up_after_forwarding_leaves_the_replicas_alike(cl
         assert cluster.stores[t].read_committed(7, 0)[0] == b"a" * 1000
     assert write(cluster, b"c" * 10)[0] == Status.OK
     assert_replicas_equal(cluster)
+
+
+# ---------------------------------------------------------------- write batches
+
+
+def batch_request(c, items, *, target=1, client="", first_id=0, chain_id=1):
+    """An OP_WRITE_BATCH of ``items`` ((inode, index, offset, data) each) and its data."""
+    batch = data_pb2.ChunkWriteBatch()
+    for k, (inode, index, offset, data) in enumerate(items):
+        batch.writes.add(
+            chain_id=chain_id,
+            chain_version=c.chain_version,
+            target_id=target,
+            chunk=data_pb2.ChunkId(inode=inode, index=index),
+            offset=offset,
+            chunk_size=CS,
+            client_id=client,
+            request_id=first_id + k if first_id else 0,
+        )
+        batch.lengths.append(len(data))
+    return batch, b"".join(d for *_, d in items)
+
+
+def write_batch(c, items, **kwargs):
+    """Send a write batch to the head: (status, [ChunkWriteResult] or ErrorResponse)."""
+    batch, data = batch_request(c, items, **kwargs)
+    with connect(c.addr(kwargs.get("target", 1))) as sock:
+        framing.send_frame(sock, Op.WRITE_BATCH, batch.SerializeToString(), data or None)
+        frame = framing.recv_frame(sock)
+    assert frame.header.op == Op.WRITE_BATCH | framing.RESPONSE
+    if frame.header.status != Status.OK:
+        return frame.header.status, data_pb2.ErrorResponse.FromString(frame.meta)
+    return Status.OK, list(data_pb2.ChunkWriteBatchResponse.FromString(frame.meta).results)
+
+
+def test_a_write_batch_reaches_every_replica(cluster):
+    items = [(100 + k, k % 2, 0, os.urandom(1000 + 70_000 * k)) for k in range(5)]
+    status, results = write_batch(cluster, items)
+    assert status == Status.OK and [r.status for r in results] == [Status.OK] * 5
+    for (inode, index, _, data), result in zip(items, results, strict=True):
+        assert result.written.version == 1 and result.written.chunk_length == len(data)
+        assert assert_replicas_equal(cluster, inode, index).version == 1
+        for t in (1, 2, 3):
+            assert read(cluster, t, inode=inode, index=index) == (Status.OK, data)
+
+
+def test_a_retried_write_batch_applies_each_write_once(cluster):
+    items = [(200 + k, 0, 0, os.urandom(5000)) for k in range(4)]
+    first = write_batch(cluster, items, client="c1", first_id=10)
+    again = write_batch(cluster, items, client="c1", first_id=10)
+    assert first[0] == again[0] == Status.OK
+    assert [r.written.version for r in first[1]] == [r.written.version for r in again[1]] == [1] * 4
+    for inode, *_ in items:
+        assert assert_replicas_equal(cluster, inode).version == 1
+    # a single write retried with one of the batch's request ids gets the batch's answer
+    status, resp, _ = write(cluster, items[1][3], inode=201, client=("c1", 11))
+    assert status == Status.OK and resp.version == 1
+
+
+def test_a_write_batch_answers_each_write_apart(cluster):
+    write(cluster, b"x" * 100, inode=300)
+    past_end = (301, 0, CS - 10, b"y" * 100)  # crosses the chunk size
+    status, results = write_batch(cluster, [(300, 0, 50, b"z" * 10), past_end, (302, 0, 0, b"w")])
+    assert status == Status.OK
+    assert [r.status for r in results] == [Status.OK, Status.BAD_REQUEST, Status.OK]
+    assert results[1].message
+    assert read(cluster, 2, inode=300) == (Status.OK, b"x" * 50 + b"z" * 10 + b"x" * 40)
+    assert metas(cluster, inode=301) == [None, None, None]
+    assert assert_replicas_equal(cluster, 302).length == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["lengths", "twice", "two chains", "sync", "empty"],
+)
+def test_malformed_write_batches_are_refused_whole(cluster, change):
+    items = [(400, 0, 0, b"a" * 10), (401, 0, 0, b"b" * 10)]
+    batch, data = batch_request(cluster, items)
+    if change == "lengths":
+        batch.lengths[0] += 1
+    elif change == "twice":
+        batch.writes[1].chunk.inode = 400
+    elif change == "two chains":
+        batch.writes[1].chain_id = 2
+    elif change == "sync":
+        batch.writes[1].sync = True
+    else:
+        del batch.writes[:]
+        del batch.lengths[:]
+        data = b""
+    with connect(cluster.addr(1)) as sock:
+        framing.send_frame(sock, Op.WRITE_BATCH, batch.SerializeToString(), data or None)
+        frame = framing.recv_frame(sock)
+    assert frame.header.status == Status.BAD_REQUEST
+    assert metas(cluster, inode=400) == metas(cluster, inode=401) == [None, None, None]
+    still_serves(cluster)
+
+
+def test_a_write_batch_gives_a_lagging_replica_whole_chunks(cluster):
+    bases = {inode: os.urandom(2 * BS) for inode in (500, 501)}
+    for inode, base in bases.items():
+        write(cluster, base, inode=inode)
+    cluster.set_chain({1: S, 2: S, 3: OFF}, (1, 2, 3))
+    write(cluster, b"p" * 100, inode=500, offset=10)  # target 3 misses it
+    cluster.set_chain({1: S, 2: S, 3: S}, (1, 2, 3))
+    status, results = write_batch(cluster, [(500, 0, BS + 5, b"q" * 100), (501, 0, 7, b"r" * 9)])
+    assert status == Status.OK and [r.status for r in results] == [Status.OK, Status.OK]
+    expect = bytearray(bases[500])
+    expect[10:110] = b"p" * 100
+    expect[BS + 5 : BS + 105] = b"q" * 100
+    assert assert_replicas_equal(cluster, 500).version == results[0].written.version
+    assert read(cluster, 3, inode=500) == (Status.OK, bytes(expect))
+    assert read(cluster, 3, inode=501)[1] == bases[501][:7] + b"r" * 9 + bases[501][16:]
+
+
+def test_a_write_batch_with_a_dead_successor_leaves_nothing_pending(cluster):
+    write(cluster, b"v1" * 100, inode=600)
+    cluster.servers[3].stop()
+    status, results = write_batch(cluster, [(600, 0, 0, b"v2" * 100), (601, 0, 0, b"n" * 10)])
+    assert status == Status.OK
+    assert all(r.status in framing.RETRYABLE for r in results), results
+    for t in (1, 2):
+        m = cluster.stores[t].meta(600, 0)
+        assert (m.version, m.pending_version) == (1, 0)
+        assert cluster.stores[t].meta(601, 0) is None
+    cluster.set_chain({1: S, 2: S, 3: OFF}, (1, 2, 3))
+    status, results = write_batch(cluster, [(600, 0, 0, b"v3" * 100), (601, 0, 0, b"n" * 10)])
+    assert [r.status for r in results] == [Status.OK, Status.OK]
+    assert assert_replicas_equal(cluster, 600, targets=(1, 2)).version > 2
+
+
+def test_a_batched_write_the_head_gives_up_after_forwarding_leaves_the_replicas_alike(cluster):
+    write(cluster, b"a" * 1000, inode=700)
+    give_up_next_write_at_the_head(cluster, OSError(5, "Input/output error"))
+    status, results = write_batch(cluster, [(700, 0, 0, b"b" * 1000), (701, 0, 0, b"c" * 10)])
+    assert status == Status.OK
+    assert results[0].status == Status.INTERNAL and results[1].status == Status.OK
+    # the head put its committed content back on the chain above the given-up version
+    m = assert_replicas_equal(cluster, 700)
+    assert m.version > 2
+    assert {read(cluster, t, inode=700)[1] for t in (1, 2, 3)} == {b"a" * 1000}
+    assert_replicas_equal(cluster, 701)
