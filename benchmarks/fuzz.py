@@ -637,6 +637,7 @@ REQUESTS = {
     Op.READ: data_pb2.ChunkReadRequest,
     Op.WRITE: data_pb2.ChunkWriteRequest,
     Op.TRUNCATE: data_pb2.ChunkTruncateRequest,
+    Op.WRITE_BATCH: data_pb2.ChunkWriteBatch,
 }
 
 
@@ -702,14 +703,17 @@ def server_views(payload: bytes) -> Iterator[tuple[int, bytes, bytes]]:
 def changes_real_chunks(payload: bytes) -> bool:
     """Whether a frame of ``payload`` with a server credential writes or cuts a real chunk."""
     for op, auth, meta in server_views(payload):
-        if auth[:1] != bytes([SERVER]) or op not in (Op.WRITE, Op.TRUNCATE):
+        if auth[:1] != bytes([SERVER]) or op not in (Op.WRITE, Op.TRUNCATE, Op.WRITE_BATCH):
             continue
         try:
             req = REQUESTS[Op(op)].FromString(meta)
         except DecodeError:
             continue
-        inode = req.chunk.inode if op == Op.WRITE else req.inode
-        if inode < SCRATCH_INODE:
+        if op == Op.WRITE_BATCH:
+            inodes = [w.chunk.inode for w in req.writes]
+        else:
+            inodes = [req.chunk.inode if op == Op.WRITE else req.inode]
+        if any(inode < SCRATCH_INODE for inode in inodes):
             return True
     return False
 
@@ -847,20 +851,68 @@ class DataInputs:
     def frame(self) -> tuple[FrameParts, int]:
         """A whole frame with lying contents, and the server it goes to."""
         rng = self.rng
-        op = pick(rng, {Op.READ: 0.34, Op.WRITE: 0.3, Op.TRUNCATE: 0.12, Op.PING: 0.14, 0: 0.1})
+        op = pick(
+            rng,
+            {
+                Op.READ: 0.32,
+                Op.WRITE: 0.26,
+                Op.WRITE_BATCH: 0.08,
+                Op.TRUNCATE: 0.12,
+                Op.PING: 0.12,
+                0: 0.1,
+            },
+        )
         if op == 0:
-            op = rng.choice((0, 5, 6, 7, 64, 127, 255, rng.randrange(8, 128)))
+            op = rng.choice((0, 6, 7, 64, 127, 255, rng.randrange(8, 128)))
         credential = pick(rng, {"none": 0.12, "capability": 0.38, "server": 0.38, "bad": 0.12})
         server_cred = credential == "server"
         chain_id, version, members = rng.choice(self.chains)
         target = self._target(members)
-        meta, inode = self._meta(op, chain_id, version, target, server_cred)
-        data = self._data() if op == Op.WRITE or rng.random() < 0.03 else b""
+        writes = op in (Op.WRITE, Op.WRITE_BATCH)
+        data = self._data() if writes or rng.random() < 0.03 else b""
+        if op == Op.WRITE_BATCH and rng.random() < 0.9:
+            meta, inode = self._batch(chain_id, version, target, server_cred, len(data), credential)
+        else:
+            meta, inode = self._meta(op, chain_id, version, target, server_cred)
         cred = self._credential(credential, inode, op)
         block = pick(rng, {framing.DEFAULT_BLOCK: 0.7, framing.MIN_BLOCK: 0.2, MiB: 0.1})
         at = self.env.server_of_target(target)
         server = at if at is not None and rng.random() < 0.85 else self._server()
         return FrameParts(op, meta, data, cred, block), server
+
+    def _batch(
+        self,
+        chain_id: int,
+        version: int,
+        target: int,
+        server_cred: bool,
+        data_len: int,
+        credential: str,
+    ) -> tuple[bytes, int]:
+        """A write batch's meta (lengths mostly adding up to ``data_len``) and its first inode."""
+        rng = self.rng
+        n = pick(rng, {1: 0.2, rng.randrange(2, 5): 0.6, rng.randrange(5, 40): 0.15, 300: 0.05})
+        chain_version = self._chain_version(version)
+        batch = data_pb2.ChunkWriteBatch()
+        for _ in range(n):
+            inode = self._inode(server_cred, Op.WRITE)
+            batch.writes.append(self._write(chain_id, chain_version, target, inode))
+        cuts = sorted(rng.randrange(data_len + 1) for _ in range(n - 1))
+        lengths = [b - a for a, b in zip([0, *cuts], [*cuts, data_len], strict=True)]
+        if rng.random() < 0.1:
+            lengths = [rng.choice((0, 1, data_len, U32)) for _ in range(rng.randrange(n + 2))]
+        batch.lengths.extend(lengths)
+        if credential == "capability":
+            for write in batch.writes:
+                inode = write.chunk.inode
+                if rng.random() < 0.1:
+                    inode ^= 1
+                # only chunks of scratch inodes may be written with a capability
+                write = inode >= SCRATCH_INODE
+                batch.capabilities.append(
+                    self.env.keys.sign_capability(inode, read=True, write=write, ttl=600.0)
+                )
+        return batch.SerializeToString(), batch.writes[0].chunk.inode
 
     def _target(self, members: list[int]) -> int:
         rng = self.rng
@@ -882,7 +934,7 @@ class DataInputs:
 
     def _inode(self, server_cred: bool, op: int) -> int:
         rng = self.rng
-        if server_cred and op in (Op.WRITE, Op.TRUNCATE):
+        if server_cred and op in (Op.WRITE, Op.TRUNCATE, Op.WRITE_BATCH):
             return self._scratch_inode()
         r = rng.random()
         if r < 0.35:
@@ -1542,6 +1594,8 @@ def grpc_safe(method: Method, msg: Message, protected: frozenset[int], credentia
             return msg.inode not in protected
         if name == "BatchClose":
             return all(item.inode not in protected for item in msg.items)
+        if name == "BatchCreate":
+            return all(scratch_path(item.path) for item in msg.items)
         if name in KV_CHANGES:
             return msg.cache_id not in protected
         for fd in msg.DESCRIPTOR.fields:

@@ -14,6 +14,14 @@ in a way that another may not (it is gone, does not answer in time, or cannot
 reach the store). The retry keeps its request id, and the idempotency records
 live in the shared store, so a mutating call retried on another metaserver is
 applied once.
+
+Concurrent namespace changes of one client ride together: while a write
+open, a create or a close of some thread is in flight, the same calls of
+other threads wait and then go as one batch call (``BatchWriteOpen``,
+``BatchCreate``, ``BatchClose``; :class:`Combiner`), each item with a
+request id and an answer of its own. A call made alone is sent alone, so a
+single thread sees the latency of one call, and many threads share round
+trips and WAL syncs.
 """
 
 from __future__ import annotations
@@ -40,6 +48,68 @@ BATCH_OPEN = 1000
 # Channels of a parent process, kept referenced in a forked child so their
 # finalisers never run there (closing a channel inherited across fork is unsafe).
 _INHERITED: list[object] = []
+
+
+class _Slot:
+    __slots__ = ("item", "result", "done", "batch")
+
+    def __init__(self, item) -> None:
+        self.item = item
+        self.result: object = None
+        self.done = threading.Event()
+        self.batch: list[_Slot] | None = None  # set when this caller sends a batch
+
+
+class Combiner:
+    """Calls of one kind from many threads, sent together.
+
+    A caller finding no call of its kind in flight sends its own at once;
+    callers that come while one is in flight queue, and when it ends the first
+    of them sends everything queued by then in one ``send`` (then the next
+    queue goes, and so on). ``send(items)`` returns one result per item, an
+    exception instance for an item that failed; an exception it raises fails
+    every item of the batch.
+    """
+
+    def __init__(self, send) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._queued: list[_Slot] = []
+        self._busy = False
+
+    def call(self, item):
+        """``item``'s result (its exception raised)."""
+        slot = _Slot(item)
+        with self._lock:
+            if self._busy:
+                self._queued.append(slot)
+            else:
+                self._busy = True
+                slot.batch = [slot]
+        if slot.batch is None:
+            slot.done.wait()
+        if slot.batch is not None:
+            self._run(slot.batch)
+        if isinstance(slot.result, BaseException):
+            raise slot.result
+        return slot.result
+
+    def _run(self, batch: list[_Slot]) -> None:
+        try:
+            results = self._send([s.item for s in batch])
+        except BaseException as exc:
+            results = [exc] * len(batch)
+        for s, result in zip(batch, results, strict=True):
+            s.result = result
+        with self._lock:
+            queued, self._queued = self._queued, []
+            if not queued:
+                self._busy = False
+        for s in batch[1:]:
+            s.done.set()
+        if queued:  # the first of them sends the next batch
+            queued[0].batch = queued
+            queued[0].done.set()
 
 
 class MetaClient:
@@ -97,6 +167,7 @@ class MetaClient:
         self._uid = os.getuid()
         self._gid = os.getgid()
         self._groups = [g for g in os.getgroups() if g != self._gid]
+        self._combiners: dict[tuple, Combiner] = {}
 
     # channel -----------------------------------------------------------------
     @property
@@ -207,10 +278,60 @@ class MetaClient:
         req = meta_pb2.StatRequest(ctx=self.context(), inode=inode)
         return self.meta("Stat", req, path).attr
 
+    def _combined(self, key: tuple, item, send):
+        """``item`` sent by the :class:`Combiner` of ``key`` (made with ``send`` once)."""
+        combiner = self._combiners.get(key)
+        if combiner is None:
+            with self._lock:
+                combiner = self._combiners.setdefault(key, Combiner(send))
+        return combiner.call(item)
+
     def open(self, path: str, flags: int, mode: int = 0o644) -> meta_pb2.OpenResponse:
-        """Open ``path`` (one round trip: attributes, layout, write session)."""
+        """Open ``path`` (one round trip: attributes, layout, write session).
+
+        Write opens of several threads at once go together (``BatchWriteOpen``).
+        """
+        if flags & (meta_pb2.OPEN_WRITE | meta_pb2.OPEN_APPEND | meta_pb2.OPEN_TRUNCATE):
+
+            def send(paths: list[str]) -> list:
+                if len(paths) == 1:
+                    return [self._open_one(paths[0], flags, mode)]
+                return self.batch_write_open(paths, flags, mode)
+
+            return self._combined(("open", flags, mode), path, send)
+        return self._open_one(path, flags, mode)
+
+    def _open_one(self, path: str, flags: int, mode: int) -> meta_pb2.OpenResponse:
         req = meta_pb2.OpenRequest(ctx=self.context(), path=path, flags=flags, mode=mode)
         return self._opened(self.meta("Open", req, path))
+
+    def create(self, path: str, mode: int = 0o644, exclusive: bool = False) -> common_pb2.InodeAttr:
+        """Create the file ``path`` (a non-exclusive create of an existing file returns it).
+
+        Creates of several threads at once go together (``BatchCreate``).
+        """
+
+        def send(items: list[tuple[str, int]]) -> list:
+            if len(items) == 1:
+                ((p, m),) = items
+                req = meta_pb2.CreateRequest(
+                    ctx=self.context(), path=p, mode=m, exclusive=exclusive
+                )
+                return [self.meta("Create", req, p).attr]
+            return self._batched(
+                "BatchCreate",
+                items,
+                [p for p, _ in items],
+                lambda part: meta_pb2.BatchCreateRequest(
+                    ctx=self.context(len(part)),
+                    items=[
+                        meta_pb2.CreateRequest(path=p, mode=m, exclusive=exclusive) for p, m in part
+                    ],
+                ),
+                lambda r: r.attr,
+            )
+
+        return self._combined(("create", exclusive), (path, mode), send)
 
     def authorize(self, inode: int, session_id: int = 0) -> bytes:
         """A fresh chunk capability for ``inode`` (read; write through ``session_id``)."""
@@ -304,11 +425,20 @@ class MetaClient:
     def close_file(
         self, inode: int, session_id: int, length: int, wrote: bool, path: str | None = None
     ) -> common_pb2.InodeAttr:
-        """End a write session, making the length exact when ``wrote``."""
-        req = meta_pb2.CloseRequest(
-            ctx=self.context(), inode=inode, session_id=session_id, length=length, wrote=wrote
-        )
-        return self.meta("Close", req, path).attr
+        """End a write session, making the length exact when ``wrote``.
+
+        Closes of several threads at once go together (``BatchClose``).
+        """
+        return self._combined(("close",), (inode, session_id, length, wrote, path), self._close)
+
+    def _close(self, items: list[tuple]) -> list:
+        if len(items) == 1:
+            ((inode, session_id, length, wrote, path),) = items
+            req = meta_pb2.CloseRequest(
+                ctx=self.context(), inode=inode, session_id=session_id, length=length, wrote=wrote
+            )
+            return [self.meta("Close", req, path).attr]
+        return self.batch_close([i[:4] for i in items], [i[4] for i in items])
 
     def sync(
         self, inode: int, session_id: int, length: int, path: str | None = None

@@ -457,6 +457,23 @@ class Namespace:
         """Create a regular file."""
         return self._run(create.create, req, "Create")
 
+    def batch_create(self, req: meta_pb2.BatchCreateRequest) -> meta_pb2.BatchCreateResponse:
+        """Create many files, each a ``Create`` of its own; one WAL sync."""
+        out = meta_pb2.BatchCreateResponse()
+        items = [
+            meta_pb2.CreateRequest(path=c.path, mode=c.mode, exclusive=c.exclusive)
+            for c in req.items
+        ]
+        self._run_each(
+            create.create,
+            "Create",
+            req.ctx,
+            items,
+            lambda result, resp: result.attr.CopyFrom(resp.attr),
+            out.results,
+        )
+        return out
+
     def open(self, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse:
         """Open a file; write opens start a write session."""
         method = "Open" if sessions.is_mutating_open(req.flags) else None

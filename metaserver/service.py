@@ -86,6 +86,9 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def Create(self, request, context):
         return self._call(self.namespace.create, request, context)
 
+    def BatchCreate(self, request, context):
+        return self._call(self.namespace.batch_create, request, context)
+
     def Open(self, request, context):
         resp = self._call(self.namespace.open, request, context)
         resp.capability = self._capability(request.ctx, resp.attr, resp.session_id != 0)

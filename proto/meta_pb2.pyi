@@ -106,6 +106,20 @@ class CreateResponse(_message.Message):
     attr: _common_pb2.InodeAttr
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
+class BatchCreateRequest(_message.Message):
+    __slots__ = ("ctx", "items")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    items: _containers.RepeatedCompositeFieldContainer[CreateRequest]
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., items: _Optional[_Iterable[_Union[CreateRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchCreateResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchStatResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchStatResult, _Mapping]]] = ...) -> None: ...
+
 class OpenRequest(_message.Message):
     __slots__ = ("ctx", "path", "flags", "mode")
     CTX_FIELD_NUMBER: _ClassVar[int]

@@ -75,6 +75,11 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.CloseRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.CloseResponse.FromString,
                 _registered_method=True)
+        self.BatchCreate = channel.unary_unary(
+                '/emberfs.MetaService/BatchCreate',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.BatchCreateRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchCreateResponse.FromString,
+                _registered_method=True)
         self.BatchWriteOpen = channel.unary_unary(
                 '/emberfs.MetaService/BatchWriteOpen',
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.BatchWriteOpenRequest.SerializeToString,
@@ -248,6 +253,12 @@ class MetaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Close(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchCreate(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -446,6 +457,11 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.CloseRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.CloseResponse.SerializeToString,
+            ),
+            'BatchCreate': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchCreate,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.BatchCreateRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.BatchCreateResponse.SerializeToString,
             ),
             'BatchWriteOpen': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchWriteOpen,
@@ -789,6 +805,33 @@ class MetaService:
             '/emberfs.MetaService/Close',
             emberfs_dot_proto_dot_meta__pb2.CloseRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.CloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchCreate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/BatchCreate',
+            emberfs_dot_proto_dot_meta__pb2.BatchCreateRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.BatchCreateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -110,6 +110,13 @@ def _client_may(op: int, req, grant: Grant, keys: ClusterKeys | None = None) -> 
     return False  # truncation is the metaserver's
 
 
+def _target_of(op: int, req) -> int:
+    """The target a request is for (a batch's first write's; 0 for an empty batch)."""
+    if op == Op.WRITE_BATCH:
+        return req.writes[0].target_id if req.writes else 0
+    return req.target_id
+
+
 def _plain_write(req: data_pb2.ChunkWriteRequest) -> bool:
     """A client writes to the head; versions, copies and replacements are the servers'."""
     return not (req.update_version or req.base_version or req.sync or req.replace)
@@ -460,7 +467,7 @@ class DataServer:
                 try:
                     framing.verify(frame.data, frame.crcs, frame.header.block_size)
                 except framing.ChecksumError as exc:
-                    metrics.CHECKSUM_ERRORS.labels(str(req.target_id)).inc()
+                    metrics.CHECKSUM_ERRORS.labels(str(_target_of(op, req))).inc()
                     return self._error(conn, op, wire.ChecksumMismatch(str(exc)))
             if op in _OP_NAMES and self._fenced():
                 return self._error(conn, op, _FENCED)

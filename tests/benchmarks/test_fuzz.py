@@ -81,6 +81,15 @@ def test_server_credentials_never_write_real_chunks():
     )
     cut = data_pb2.ChunkTruncateRequest(inode=3).SerializeToString()
     assert fuzz.changes_real_chunks(fuzz.FrameParts(Op.TRUNCATE, cut, cred=server).encode())
+    # any write of a batch
+    batch = data_pb2.ChunkWriteBatch(lengths=[1, 0])
+    for inode in (fuzz.SCRATCH_INODE, 5):
+        batch.writes.add(chunk=data_pb2.ChunkId(inode=inode))
+    frame = fuzz.FrameParts(Op.WRITE_BATCH, batch.SerializeToString(), b"x", server).encode()
+    assert fuzz.changes_real_chunks(frame)
+    batch.writes[1].chunk.inode = fuzz.SCRATCH_INODE + 1
+    frame = fuzz.FrameParts(Op.WRITE_BATCH, batch.SerializeToString(), b"x", server).encode()
+    assert not fuzz.changes_real_chunks(frame)
 
 
 def method(name: str):

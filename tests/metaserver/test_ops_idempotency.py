@@ -327,6 +327,30 @@ def test_batch_write_open_and_close_retries_apply_once(ns):
     assert not ns.batch_stat(meta_pb2.BatchStatRequest(paths=["/c"])).results[0].attr.inode
 
 
+def test_batch_create_retry_applies_once(ns):
+    ns.create(meta_pb2.CreateRequest(path="/old"))
+    items = [
+        meta_pb2.CreateRequest(path="/a", mode=0o600, exclusive=True),
+        meta_pb2.CreateRequest(path="/old", exclusive=True),
+        meta_pb2.CreateRequest(path="/b"),
+        meta_pb2.CreateRequest(path="/missing/c"),
+    ]
+    req = meta_pb2.BatchCreateRequest(ctx=ctx(40), items=items)
+    first = ns.batch_create(req)
+    assert [r.errno for r in first.results] == [0, errno.EEXIST, 0, errno.ENOENT]
+    assert first.results[0].attr.mode & 0o777 == 0o600
+    assert ns.counts()["files"] == 3
+    # a retry (the answer was lost) creates nothing twice, and its exclusive create of /a
+    # does not fail on the file its first attempt made
+    assert ns.batch_create(req) == first
+    assert ns.counts()["files"] == 3
+    # item i is the Create with request id 40 + i
+    single = ns.create(meta_pb2.CreateRequest(ctx=ctx(42), path="/b"))
+    assert single.attr == first.results[2].attr
+    with pytest.raises(errors.InvalidArgument):
+        ns.batch_create(meta_pb2.BatchCreateRequest(items=[items[2]] * 10001))
+
+
 def test_batch_remove_retry_applies_once(ns):
     for p in ("/a", "/b"):
         ns.create(meta_pb2.CreateRequest(path=p))

@@ -857,3 +857,16 @@ def test_a_batched_write_the_head_gives_up_after_forwarding_leaves_the_replicas_
     assert m.version > 2
     assert {read(cluster, t, inode=700)[1] for t in (1, 2, 3)} == {b"a" * 1000}
     assert_replicas_equal(cluster, 701)
+
+
+@pytest.mark.parametrize("writes", [2, 0])
+def test_a_corrupt_write_batch_gets_checksum_error(cluster, writes):
+    batch, data = batch_request(cluster, [(800 + k, 0, 0, b"abc") for k in range(writes)])
+    with connect(cluster.addr(1)) as sock:
+        framing.send_frame(
+            sock, Op.WRITE_BATCH, batch.SerializeToString(), data or b"abc", crcs=[12345]
+        )
+        frame = framing.recv_frame(sock)
+        assert frame.header.status == Status.CHECKSUM
+    assert metas(cluster, inode=800) == [None, None, None]
+    still_serves(cluster)
