@@ -27,7 +27,11 @@ fresh page-cache pages that a buffered write of new data pays. Reads stay
 buffered (``sendfile`` from the page cache); the kernel keeps direct writes and
 cached pages coherent. Where ``O_DIRECT`` is refused (tmpfs and some network
 file systems) writes fall back to the page cache by themselves;
-``direct_io=False`` asks for them.
+``direct_io=False`` asks for them. Files under ``direct_min`` bytes (256 KiB) are
+written through the page cache too: a small direct write waits for the device
+(about 0.26 ms for 112 KiB on this kind of virtual disk, against 0.09 ms through
+the page cache, file creation included) and saves little filling, and the
+writes of a small-file batch are staged one after another.
 
 A write that fails (ENOSPC among others) leaves nothing of the new file.
 
@@ -54,6 +58,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+DIRECT_MIN = 256 * 1024  # smaller files go through the page cache
 DEFAULT_SPARE_BYTES = 1 << 30  # retired chunk files kept for reuse, per target
 MAX_SPARES = 4096  # and at most this many of them
 _FILE_NAME = re.compile(r"([0-9a-f]{8})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
@@ -140,6 +145,8 @@ class ChunkFiles:
     direct_io : bool, default True
         Write with ``O_DIRECT`` where the file system allows it (see the
         module notes); turned off by itself on the first refusal.
+    direct_min : int, default DIRECT_MIN
+        Files smaller than this are written through the page cache.
     spare_bytes : int, default DEFAULT_SPARE_BYTES
         Bytes of retired files kept to be written over by new files (see the
         module notes); 0 unlinks every retired file.
@@ -151,11 +158,13 @@ class ChunkFiles:
         *,
         fsync: bool = False,
         direct_io: bool = True,
+        direct_min: int | None = None,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
     ):
         self.root = Path(root)
         self.fsync = fsync
         self.direct_io = bool(direct_io and _O_DIRECT)
+        self.direct_min = DIRECT_MIN if direct_min is None else direct_min
         if spare_bytes < 0:
             raise ValueError("spare_bytes must not be negative")
         self.spare_bytes = spare_bytes
@@ -284,7 +293,8 @@ class ChunkFiles:
                 self.remove_inode_dir(inode)  # no file could be made in it (no inode left)
             raise
         try:
-            written = self._write_direct(path, view) if self.direct_io else 0
+            direct = self.direct_io and len(view) >= self.direct_min
+            written = self._write_direct(path, view) if direct else 0
             while written < len(view):
                 written += os.pwrite(fd, view[written:], written)
             if spare is not None and spare[1] > len(view):

@@ -82,6 +82,9 @@ class ChunkStore:
         Write chunk files with ``O_DIRECT`` where the file system allows it
         (see :mod:`~emberfs.storageserver.chunkfiles`); the store turns it off
         by itself on the first refusal.
+    direct_min : int, optional
+        Chunk files smaller than this are written through the page cache
+        (default :data:`~emberfs.storageserver.chunkfiles.DIRECT_MIN`).
     spare_bytes : int, default DEFAULT_SPARE_BYTES
         Bytes of retired chunk files kept to be written over by new versions
         (see :mod:`~emberfs.storageserver.chunkfiles`); 0 unlinks every
@@ -104,6 +107,7 @@ class ChunkStore:
         block_size: int = framing.DEFAULT_BLOCK,
         fsync: bool = False,
         direct_io: bool = True,
+        direct_min: int | None = None,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     ):
@@ -112,7 +116,11 @@ class ChunkStore:
         self.root = Path(root)
         self.block_size = block_size
         self._files = ChunkFiles(
-            self.root, fsync=fsync, direct_io=direct_io, spare_bytes=spare_bytes
+            self.root,
+            fsync=fsync,
+            direct_io=direct_io,
+            direct_min=direct_min,
+            spare_bytes=spare_bytes,
         )
         self._records = ChunkRecords(self.root, block_size, sync=fsync)
         self._lock = threading.Lock()

@@ -602,7 +602,7 @@ def test_direct_io_writes_every_size_and_buffer_exactly(tmp_path, source, size):
         buf = mmap.mmap(-1, size)
         buf[:] = payload
         data = memoryview(buf)
-    with ChunkStore(tmp_path / "t", direct_io=True) as store:
+    with ChunkStore(tmp_path / "t", direct_io=True, direct_min=0) as store:
         store.stage(5, 0, 1, 0, data, chunk_size=CS, full_chunk=True)
         store.commit(5, 0, 1)
         # a partial overwrite rewrites the chunk from a patched copy
@@ -630,7 +630,7 @@ def test_direct_io_refused_falls_back_to_the_page_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(chunkfiles.os, "open", refusing_open)
     payload = random.randbytes(3 * 4096 + 5)
-    with ChunkStore(tmp_path / "t", direct_io=True) as store:
+    with ChunkStore(tmp_path / "t", direct_io=True, direct_min=0) as store:
         store.stage(5, 0, 1, 0, payload, chunk_size=CS, full_chunk=True)
         store.commit(5, 0, 1)
         assert not store.direct_io
@@ -657,3 +657,26 @@ def test_a_committed_file_lost_in_a_crash_is_marked_damaged_not_dropped(tmp_path
         assert not s.meta(3, 1).damaged and content(s, 3, 1) == b"lost on this disk"
     with ChunkStore(root, block_size=BS) as s:
         assert not s.meta(3, 1).damaged and content(s, 3, 1) == b"lost on this disk"
+
+
+def test_small_chunk_files_go_through_the_page_cache(tmp_path, monkeypatch):
+    from emberfs.storageserver import chunkfiles
+
+    direct_opens = []
+    real_open = os.open
+
+    def counting_open(path, flags, *args):
+        if flags & chunkfiles._O_DIRECT:
+            direct_opens.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(chunkfiles.os, "open", counting_open)
+    small = random.randbytes(chunkfiles.DIRECT_MIN - 4096)
+    large = random.randbytes(chunkfiles.DIRECT_MIN)
+    with ChunkStore(tmp_path / "t", direct_io=True) as store:
+        for inode, payload in ((5, small), (6, large)):
+            store.stage(inode, 0, 1, 0, payload, chunk_size=CS, full_chunk=True)
+            store.commit(inode, 0, 1)
+            assert content(store, inode, 0) == payload
+        assert store.direct_io, "this file system refused O_DIRECT"
+    assert len(direct_opens) == 1 and "0000000000000006" in str(direct_opens[0])
