@@ -233,10 +233,13 @@ class BatchTransfer:
                 closing.append((p, h))
             for _, h in closing:  # a renewal that races the close must not call it expired
                 sessions.unregister(h)
-            ended = sessions.close_many(
-                [(h.inode, h.session_id, len(datas[p]), p not in failed) for p, h in closing],
-                [p for p, _ in closing],
-            )
+            try:
+                ended = sessions.close_many(
+                    [(h.inode, h.session_id, len(datas[p]), p not in failed) for p, h in closing],
+                    [p for p, _ in closing],
+                )
+            except Exception as exc:  # the whole call failed: every file of it did
+                ended = [_for_path(exc, p) for p, _ in closing]
             for (p, h), got in zip(closing, ended, strict=True):
                 if isinstance(got, OSError):
                     stale = got.errno == errno.EINVAL  # Close finds no such session
@@ -513,6 +516,15 @@ def _write_local(path, data) -> None:
     """Write ``data`` as the local file ``path``, making its parent directories."""
     with _open_local(path) as f:
         f.write(data)
+
+
+def _for_path(error: Exception, path: str) -> OSError:
+    """A call's failure as the failure of one of its files (an OSError naming ``path``)."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return type(error)(error.errno, error.strerror, path)
+    wrapped = OSError(errno.EIO, f"closing failed: {error}", path)
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _as_oserror(error: BaseException, doing: str, path: str | None = None) -> OSError:
