@@ -5,6 +5,7 @@ Run from the repository root::
     python -m benchmarks.compare                 # the full run (1 GiB and 4 GiB files)
     python -m benchmarks.compare --smoke         # tiny sizes, a minute
     python benchmarks/compare.py --sizes 1GiB --repeat 5 --no-seaweed
+    python -m benchmarks.compare --small-files 5000 --small-file-sizes 4KiB-64KiB
 
 What it measures (throughput in bytes per second, the median of ``--repeat``
 rounds after ``--warmup`` unrecorded ones; every round measures the raw
@@ -40,6 +41,22 @@ it compares figures taken seconds apart on the same, possibly busy, machine):
   state: the result reuses the first one's memory instead of fresh pages);
 * SeaweedFS 4.48 (``weed mini``, :mod:`seaweed`) with the same file read whole
   and in pieces through s3fs (S3 gateway) and fsspec's HTTP filesystem (filer);
+* small files, EmberFS beside SeaweedFS (through s3fs), both clients in this
+  process: ``--small-files`` files (2,000; 100 with ``--smoke``) of random
+  sizes in ``--small-file-sizes`` (90-130 KiB), the same seeded bytes for both,
+  each round into a fresh directory (``--warmup`` rounds unrecorded, then
+  ``--repeat`` rounds; the systems take turns going first). In files per
+  second: the write of all of them with one ``fs.pipe({path: bytes})``, the
+  read of all with one ``fs.cat(paths)``, and ``open(path, "rb").read()`` of
+  each (``--small-file-reads``: of the first N only); in milliseconds, a
+  listing of their directory (``fs.ls(dir, detail=True)``, the median of
+  5, every cache invalidated first). Every read is checked against the bytes
+  written. What a write stored is read into the page cache before the reads
+  (EmberFS writes chunk files of 256 KiB and more with direct I/O), each client first writes
+  and reads a few files of its own so its connections are open, and every
+  round's files are removed at its end (on EmberFS until their chunks are
+  collected). SeaweedFS keeps the space of removed files until it compacts
+  its volumes, so its disk use grows by one copy of the files a round;
 * metadata (:mod:`meta_rate`): stat, create, rename and list rates beside the
   rate of the no-op ``MetaService.Ping``, with 1 and 8 client threads, and
   the metaserver's own time per call of each (from its ``/metrics``).
@@ -55,6 +72,7 @@ import datetime
 import json
 import mmap
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -63,6 +81,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
@@ -91,7 +111,23 @@ TARGETS = [
     ("auth_write_vs_insecure", "write R=3, authentication on / --insecure", 0.95),
     ("auth_stat_vs_insecure", "stat, authentication on / --insecure (1 thread)", 0.95),
     ("auth_create_vs_insecure", "create, authentication on / --insecure (1 thread)", 0.95),
+    ("small_write_vs_seaweed", "small-file write (pipe) / SeaweedFS via s3fs", 2.0),
+    ("small_cat_vs_seaweed", "small-file read (cat) / SeaweedFS via s3fs", 1.0),
+    ("small_open_vs_seaweed", "small-file open().read() / SeaweedFS via s3fs", 1.0),
 ]
+
+# The small-file ratios, each the median of per-round ratios (key -> (numerator,
+# denominator) of the small-file figures); the listing's are times, so SeaweedFS's
+# time over EmberFS's: above 1 where EmberFS is faster, as for the others.
+SMALL_RATIOS = {
+    "small_write_vs_seaweed": ("emberfs_write", "s3_write"),
+    "small_cat_vs_seaweed": ("emberfs_cat", "s3_cat"),
+    "small_open_vs_seaweed": ("emberfs_open", "s3_open"),
+    "small_list_vs_seaweed": ("s3_list_ms", "emberfs_list_ms"),
+}
+SMALL_SEED = 20240917  # the small files' sizes and bytes, the same for both systems
+SMALL_LIST_PASSES = 5  # listings of the directory a round; their median counts
+SMALL_PRIME_FILES = 16  # files each client writes and reads first, unrecorded
 
 # What the machine itself allows a target's ratio, from figures of the same run
 # (target key -> (ratio key, what bounds it)); each assumes no software cost at all.
@@ -317,15 +353,24 @@ def warm_tree(root: Path) -> int:
     )
 
 
-def remove_and_collect(meta: str, admin_url: str, paths: list[str], timeout: float = 120.0) -> None:
-    """Remove ``paths`` from EmberFS and wait until every target has dropped their chunks."""
+def remove_and_collect(
+    meta: str,
+    admin_url: str,
+    paths: list[str],
+    timeout: float = 120.0,
+    recursive: bool = False,
+) -> None:
+    """Remove ``paths`` from EmberFS and wait until every target has dropped their chunks.
+
+    ``recursive``: the paths may be directories, removed with all they hold.
+    """
     from emberfs.cli.admin import AdminClient
     from emberfs.client.fs import EmberFileSystem
 
     fs = EmberFileSystem(meta=meta, skip_instance_cache=True)
     try:
         for path in paths:
-            fs.rm(path)
+            fs.rm(path, recursive=recursive)
     finally:
         fs.close()
     admin = AdminClient(admin_url)
@@ -339,12 +384,27 @@ def remove_and_collect(meta: str, admin_url: str, paths: list[str], timeout: flo
         time.sleep(0.5)
 
 
+def warm_changed(root: Path, since: float) -> int:
+    """Read every file under ``root`` changed at or after ``since`` (a ``time.time()``)
+    into the page cache; the bytes read."""
+
+    def changed():
+        for path in sorted(root.rglob("*")):
+            try:
+                if path.is_file() and path.stat().st_mtime >= since:
+                    yield path
+            except FileNotFoundError:
+                continue
+
+    return warm_files(changed())
+
+
 def check_disk(where: Path, need: int) -> None:
     free = shutil.disk_usage(where).free
     if free < need:
         raise SystemExit(
             f"not enough free disk space in {where}: {free / GB:.1f} GB free, "
-            f"{need / GB:.1f} GB needed (sizes x 3 replicas + local copies)"
+            f"{need / GB:.1f} GB needed (sizes x 3 replicas + local copies + small files)"
         )
 
 
@@ -391,6 +451,213 @@ class Series:
         return statistics.median(a) / statistics.median(b)
 
 
+def parse_size_range(text: str) -> tuple[int, int]:
+    """``"90KiB-130KiB"`` -> (lowest, highest) bytes; ValueError unless 0 < lowest <= highest."""
+    lo, sep, hi = text.partition("-")
+    if not sep:
+        raise ValueError(f"not a size range LO-HI: {text!r}")
+    low, high = raw_tcp.parse_size(lo), raw_tcp.parse_size(hi)
+    if not 0 < low <= high:
+        raise ValueError(f"not a size range LO-HI with 0 < LO <= HI: {text!r}")
+    return low, high
+
+
+def small_file_set(count: int, low: int, high: int, seed: int = SMALL_SEED) -> list[bytes]:
+    """``count`` files of random sizes from ``low`` to ``high`` bytes (both included),
+    random bytes; the same for the same arguments."""
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.randint(low, high)) for _ in range(count)]
+
+
+@dataclass
+class SmallTarget:
+    """One system of the small-file section.
+
+    ``name`` prefixes its figures (``emberfs``, ``s3``); ``fs`` is its fsspec
+    filesystem; the rounds' directories go under ``root``; ``store`` is where
+    its servers keep what they store (what a write changed there is read into
+    the page cache before the reads); ``remove`` removes a directory with its
+    files and waits until its space is released as far as the system does;
+    ``makedirs``: the directory is made (untimed) before the write.
+    """
+
+    name: str
+    fs: object
+    root: str
+    store: Path
+    remove: Callable[[str], None]
+    makedirs: bool = False
+
+
+def check_small_files(got: dict, paths: list[str], data: list[bytes], what: str) -> None:
+    """Raise unless ``got[path]`` is the bytes written to each of ``paths``."""
+    wrong = [p for p, d in zip(paths, data, strict=False) if got.get(p) != d]
+    if wrong:
+        raise RuntimeError(f"{what}: {len(wrong)} of {len(paths)} files read wrong: {wrong[:3]}")
+
+
+def small_file_rounds(
+    targets: list[SmallTarget],
+    data: list[bytes],
+    *,
+    reads: int,
+    warmup: int,
+    repeat: int,
+) -> Series:
+    """The small-file figures of ``targets``: ``warmup`` unrecorded rounds, then ``repeat``.
+
+    Each round writes ``data`` as the files ``<root>/r<round>/f<index>`` of every
+    target, with one ``pipe``; reads them all with one ``cat``; reads the first
+    ``reads`` of them one by one with ``open().read()``; lists the directory
+    :data:`SMALL_LIST_PASSES` times; and removes it. The targets take turns at
+    going first. Figures ``<name>_write``, ``<name>_cat``, ``<name>_open``
+    (files per second, with the machine's disk reads while it ran as ``disk``)
+    and ``<name>_list_ms`` (the median listing's milliseconds).
+    """
+    series = Series()
+    count = len(data)
+    for t in targets:  # connections open and code paths run before anything is timed
+        where = f"{t.root}/prime"
+        files = {f"{where}/f{i:02d}": os.urandom(4096) for i in range(SMALL_PRIME_FILES)}
+        if t.makedirs:
+            t.fs.makedirs(where, exist_ok=True)
+        t.fs.pipe(files)
+        check_small_files(t.fs.cat(list(files)), list(files), list(files.values()), t.name)
+        t.fs.ls(where, detail=True)
+        t.remove(where)
+
+    def timed_read(t: SmallTarget, key: str, read: Callable, paths: list[str]) -> None:
+        """``read(t, paths)``, timed and checked; its files per second recorded as ``key``."""
+        t.fs.invalidate_cache()
+        before = disk_read_bytes()
+        started = time.perf_counter()
+        got = read(t, paths)
+        elapsed = time.perf_counter() - started
+        disk = disk_read_since(before)
+        check_small_files(got, paths, data, f"{t.name} {key}")
+        series.add(
+            f"{t.name}_{key}", len(paths) / elapsed, **({} if disk is None else {"disk": disk})
+        )
+
+    def one_by_one(t: SmallTarget, paths: list[str]) -> dict:
+        got = {}
+        for path in paths:
+            with t.fs.open(path, "rb") as f:
+                got[path] = f.read()
+        return got
+
+    for rnd in range(warmup + repeat):
+        series.recording = rnd >= warmup
+        if series.recording:
+            log(f"small files: {count} files, round {rnd - warmup + 1}/{repeat}")
+        else:
+            log(f"small files: {count} files, warm-up round {rnd + 1}/{warmup} (not recorded)")
+        order = targets if rnd % 2 == 0 else targets[::-1]
+        dirs = {t.name: f"{t.root}/r{rnd}" for t in targets}
+        paths = {t.name: [f"{dirs[t.name]}/f{i:06d}" for i in range(count)] for t in targets}
+        since = time.time() - 1.0  # file times may lag the clock by a tick
+        for t in order:
+            if t.makedirs:
+                t.fs.makedirs(dirs[t.name], exist_ok=True)
+            files = dict(zip(paths[t.name], data, strict=True))
+            t.fs.invalidate_cache()
+            started = time.perf_counter()
+            t.fs.pipe(files)
+            series.add(f"{t.name}_write", count / (time.perf_counter() - started))
+            del files
+        for t in targets:
+            warm_changed(t.store, since)
+        for t in order:
+            timed_read(t, "cat", lambda t, p: t.fs.cat(p), paths[t.name])
+        for t in order:
+            timed_read(t, "open", one_by_one, paths[t.name][:reads])
+        for t in order:
+            times = []
+            for _ in range(SMALL_LIST_PASSES):
+                t.fs.invalidate_cache()
+                started = time.perf_counter()
+                entries = t.fs.ls(dirs[t.name], detail=True)
+                times.append(time.perf_counter() - started)
+                if len(entries) != count:
+                    raise RuntimeError(f"{t.name}: listed {len(entries)} files of {count}")
+            series.add(f"{t.name}_list_ms", statistics.median(times) * 1e3)
+        for t in targets:
+            t.remove(dirs[t.name])
+    series.recording = True
+    return series
+
+
+def small_file_section(
+    meta: str,
+    admin_url: str,
+    store: Path,
+    weed: seaweed.SeaweedMini | None,
+    *,
+    count: int,
+    low: int,
+    high: int,
+    reads: int | None,
+    warmup: int,
+    repeat: int,
+) -> tuple[Series, dict]:
+    """The small-file section on the EmberFS cluster of ``meta`` (its files in ``store``)
+    and, unless ``weed`` is None, on SeaweedFS: its figures and the JSON's
+    ``small_files`` (without the figures)."""
+    from emberfs.client.fs import EmberFileSystem
+
+    data = small_file_set(count, low, high)
+    reads = count if reads is None else min(reads, count)
+    ember = EmberFileSystem(meta, skip_instance_cache=True)
+    targets = [
+        SmallTarget(
+            "emberfs",
+            ember,
+            "/bench-small-files",
+            store,
+            lambda d: remove_and_collect(meta, admin_url, [d], recursive=True),
+            makedirs=True,
+        )
+    ]
+    if weed is not None:
+        s3 = weed.filesystem()
+        targets.append(
+            SmallTarget(
+                "s3",
+                s3,
+                f"{weed.bucket}/small-files",
+                weed.data_dir,
+                lambda d: s3.rm(d, recursive=True),
+            )
+        )
+    try:
+        series = small_file_rounds(targets, data, reads=reads, warmup=warmup, repeat=repeat)
+    finally:
+        ember.close()
+    section = {
+        "files": count,
+        "min_bytes": low,
+        "max_bytes": high,
+        "bytes": sum(len(d) for d in data),
+        "seed": SMALL_SEED,
+        "one_by_one_files": reads,
+        "list_passes": SMALL_LIST_PASSES,
+        "systems": [t.name for t in targets],
+    }
+    return series, section
+
+
+def small_file_figures(series: Series, section: dict) -> dict:
+    """``section`` with the medians (``files_per_s``, ``list_ms``), samples and disk reads."""
+    med = {k: series.median(k) for k in series.samples}
+    return {
+        **section,
+        "files_per_s": {k: v for k, v in med.items() if not k.endswith("_list_ms")},
+        "list_ms": {k[: -len("_list_ms")]: v for k, v in med.items() if k.endswith("_list_ms")},
+        "samples": series.samples,
+        "disk_read_bytes": {k: v["disk"] for k, v in series.extra.items() if "disk" in v},
+    }
+
+
 def measure(args) -> dict:
     sizes = sorted(raw_tcp.parse_size(s) for s in args.sizes.split(","))
     small, large = sizes[0], sizes[-1]
@@ -415,8 +682,14 @@ def measure(args) -> dict:
     # in the same room
     # (and a copy of the smaller file on each cluster of the authentication cost)
     need = (sum(sizes) + args.repeat * small) * 3 + 2 * small + 3 * small + 6 * small + 256 * MiB
+    # the small files: three replicas on EmberFS (removed every round) and on
+    # SeaweedFS a copy every round (it keeps a removed file's space)
+    small_low, small_high = parse_size_range(args.small_file_sizes)
+    small_rounds = (args.warmup + args.repeat) if use_seaweed else 0
+    need += args.small_files * small_high * (3 + small_rounds)
     check_disk(workdir, need)
     series = Series()
+    small_files: tuple[Series, dict] | None = None
     doc: dict = {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
@@ -592,6 +865,20 @@ def measure(args) -> dict:
                         add_read(f"{backend}_{mode}", r)
         series.samples[f"readinto_{size_name(small)}"] = list(series.samples["emberfs_readinto"])
 
+        if args.small_files:
+            small_files = small_file_section(
+                meta,
+                cluster.admin_url,
+                workdir / "emberfs",
+                weed,
+                count=args.small_files,
+                low=small_low,
+                high=small_high,
+                reads=args.small_file_reads,
+                warmup=args.warmup,
+                repeat=args.repeat,
+            )
+
         log("append and fdatasync latency of the disk")
         doc["append_sync_s"] = append_sync_seconds(workdir)
         log("metadata rates")
@@ -667,6 +954,15 @@ def measure(args) -> dict:
         key = f"{op}_per_s"
         if key in cost["auth"] and cost["insecure"].get(key):
             ratios[f"auth_{op}_vs_insecure"] = cost["auth"][key] / cost["insecure"][key]
+    if small_files is not None:
+        small_series, section = small_files
+        doc["small_files"] = small_file_figures(small_series, section)
+        if use_seaweed:
+            for key, (num, den) in SMALL_RATIOS.items():
+                ratios[key] = small_series.ratio(num, den)
+                per_round_small = small_series.round_ratios(num, den)
+                if per_round_small is not None:
+                    doc["ratio_rounds"][key] = per_round_small
     doc["ratios"] = ratios
     doc["targets"] = []
     for key, what, target in TARGETS:
@@ -804,6 +1100,8 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
                 + "  ".join(f"{name} {us:.0f} us" for name, us in handler.items()),
                 file=stream,
             )
+    if doc.get("small_files"):
+        print_small_files(doc["small_files"], doc["ratios"], stream)
     rounds = doc.get("ratio_rounds", {})
 
     def spread(key: str) -> str:
@@ -833,6 +1131,52 @@ def print_report(doc: dict, stream=sys.stdout) -> None:
         print(f"  {k:<44} {v:>7.2f}x{spread(k)}", file=stream)
     if not doc["seaweed"]["used"]:
         print(f"\nSeaweedFS skipped: {doc['seaweed']['reason']}", file=stream)
+
+
+def print_small_files(sf: dict, ratios: dict, stream=sys.stdout) -> None:
+    """The small-file section of the report: files per second and listing times of both systems."""
+    rates, list_ms = sf["files_per_s"], sf["list_ms"]
+    disk = sf.get("disk_read_bytes", {})
+    peer = "s3" in sf["systems"]
+    rounds = len(sf["samples"].get("emberfs_write", []))
+    print(
+        f"\nsmall files: {sf['files']} files of {sf['min_bytes'] / 1024:.0f}-"
+        f"{sf['max_bytes'] / 1024:.0f} KiB ({sf['bytes'] / MiB:.1f} MiB), "
+        f"median of {rounds} round(s)",
+        file=stream,
+    )
+    header = f"  {'':<40} {'EmberFS':>17}"
+    if peer:
+        header += f" {'SeaweedFS s3fs':>17} {'EmberFS/SeaweedFS':>18}"
+    print(header, file=stream)
+
+    def ratio(key: str) -> str:
+        value = ratios.get(key)
+        return "" if value is None else f" {value:>17.2f}x"
+
+    def from_disk(op: str) -> str:
+        names = [("EmberFS", "emberfs"), ("SeaweedFS", "s3")]
+        return "".join(
+            f"  {label} from disk {'/'.join(f'{b / MiB:.0f}' for b in disk[key])} MiB"
+            for label, name in names
+            if max(disk.get(key := f"{name}_{op}", [0])) >= MiB
+        )
+
+    rows = (
+        ("write", "write all, one pipe()", "small_write_vs_seaweed"),
+        ("cat", "read all, one cat()", "small_cat_vs_seaweed"),
+        ("open", f"open().read() each, {sf['one_by_one_files']} files", "small_open_vs_seaweed"),
+    )
+    for op, label, key in rows:
+        line = f"  {label:<40} {rates[f'emberfs_{op}']:>9.0f} files/s"
+        if peer:
+            line += f" {rates[f's3_{op}']:>9.0f} files/s{ratio(key)}"
+        print(line + from_disk(op), file=stream)
+    line = f"  {'list the directory, ls(detail=True)':<40} {list_ms['emberfs']:>14.1f} ms"
+    if peer:
+        line += f" {list_ms['s3']:>14.1f} ms{ratio('small_list_vs_seaweed')}"
+        line += "  (SeaweedFS's time / EmberFS's)"
+    print(line, file=stream)
 
 
 def chart_bars(doc: dict) -> list[tuple[str, float]]:
@@ -882,7 +1226,15 @@ def chart(doc: dict, path: Path) -> bool:
     except ImportError:
         return False
     bars = chart_bars(doc)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 1]})
+    small = doc.get("small_files")
+    if small:
+        fig, (ax1, ax2, ax3) = plt.subplots(
+            1, 3, figsize=(17, 5.5), gridspec_kw={"width_ratios": [3, 1, 1.3]}
+        )
+    else:
+        fig, (ax1, ax2) = plt.subplots(
+            1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 1]}
+        )
     colors = [
         "#888888"
         if "raw" in lbl or "page-cache" in lbl or "disk" in lbl
@@ -904,6 +1256,28 @@ def chart(doc: dict, path: Path) -> bool:
     ax2.bar([o[0] for o in ops], [o[1] for o in ops], color=["#888888"] + ["#2b6cb0"] * 3)
     ax2.set_ylabel("operations/s (1 client thread)")
     ax2.set_title("Metadata")
+    if small:
+        ops = [("write\n(pipe)", "write"), ("read all\n(cat)", "cat"), ("open()\n.read()", "open")]
+        rates = small["files_per_s"]
+        width = 0.4
+        for i, (name, label, color) in enumerate(
+            (("emberfs", "EmberFS", "#2b6cb0"), ("s3", "SeaweedFS s3fs", "#d9822b"))
+        ):
+            if name in small["systems"]:
+                ax3.bar(
+                    [j + (i - 0.5) * width for j in range(len(ops))],
+                    [rates[f"{name}_{op}"] for _, op in ops],
+                    width,
+                    label=label,
+                    color=color,
+                )
+        ax3.set_xticks(range(len(ops)), [o[0] for o in ops])
+        ax3.set_ylabel("files/s (median of rounds)")
+        ax3.set_title(
+            f"{small['files']} files of {small['min_bytes'] / 1024:.0f}-"
+            f"{small['max_bytes'] / 1024:.0f} KiB"
+        )
+        ax3.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -919,6 +1293,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--meta-count", type=int, default=2000, help="calls per metadata rate")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one round")
     p.add_argument("--no-seaweed", action="store_true", help="skip SeaweedFS")
+    p.add_argument(
+        "--small-files",
+        type=int,
+        default=None,
+        help="small files a round (default 2000, 100 with --smoke; 0 leaves them out)",
+    )
+    p.add_argument(
+        "--small-file-sizes",
+        default="90KiB-130KiB",
+        help="the small files' random sizes, LO-HI (default 90KiB-130KiB)",
+    )
+    p.add_argument(
+        "--small-file-reads",
+        type=int,
+        default=None,
+        help="small files read one by one with open().read(), the first N (default all)",
+    )
     p.add_argument("--workdir", default=None, help="where clusters and files live (temp dir)")
     p.add_argument("--out", default=str(HERE / "results"), help="where JSON and PNG go")
     p.add_argument("--chart", default=None, help="also write the PNG chart here")
@@ -926,8 +1317,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         args.sizes, args.repeat, args.warmup, args.meta_count = "8MiB,16MiB", 1, 0, 100
+    if args.small_files is None:
+        args.small_files = 100 if args.smoke else 2000
     if args.repeat < 1 or args.warmup < 0:
         p.error("--repeat must be >= 1 and --warmup >= 0")
+    if args.small_files < 0 or (args.small_file_reads is not None and args.small_file_reads < 1):
+        p.error("--small-files must be >= 0 and --small-file-reads >= 1")
+    try:
+        parse_size_range(args.small_file_sizes)
+    except ValueError as exc:
+        p.error(f"--small-file-sizes: {exc}")
 
     def on_sigterm(signum, frame):
         raise SystemExit(143)  # unwinds through the finally blocks that stop the servers

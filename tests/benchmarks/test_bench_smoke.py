@@ -457,6 +457,20 @@ def test_compare_smoke(tmp_path):
     assert [b >= 0 for b in doc["disk_read_bytes"]["s3_read"]] == [True]
     assert all(addr in ("127.0.0.1", "::1") for addr, _ in doc["seaweed_listeners"])
     assert doc["ratios"]["read_vs_s3fs"] > 0
+    # the small files (100 with --smoke) on both systems, with their ratios and targets
+    small = doc["small_files"]
+    assert small["files"] == 100 and small["systems"] == ["emberfs", "s3"]
+    assert all(v > 0 for v in small["files_per_s"].values()) and len(small["files_per_s"]) == 6
+    assert small["list_ms"]["emberfs"] > 0 and small["list_ms"]["s3"] > 0
+    small_targets = {t["key"]: t for t in doc["targets"] if t["key"].startswith("small_")}
+    assert set(small_targets) == {
+        "small_write_vs_seaweed",
+        "small_cat_vs_seaweed",
+        "small_open_vs_seaweed",
+    }
+    assert all(t["ratio"] > 0 and t["rounds"] == 1 for t in small_targets.values())
+    assert doc["ratios"]["small_list_vs_seaweed"] > 0
+    assert "small files: 100 files of 90-130 KiB" in r.stdout
     assert list(out.glob("*.png"))  # the plots (matplotlib, of the bench extra too)
 
 
