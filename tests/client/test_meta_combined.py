@@ -59,7 +59,65 @@ def test_a_failed_batch_fails_each_of_its_calls():
     with ThreadPoolExecutor(4) as pool:
         outcomes = list(pool.map(lambda i: _outcome(combiner.call, i), range(20)))
     assert all(isinstance(o, ConnectionError) for o in outcomes)
-    assert not combiner._busy and not combiner._queued
+    assert not combiner._queued
+    assert isinstance(_outcome(combiner.call, "later"), ConnectionError)  # nothing stuck
+
+
+def test_callers_of_a_finished_call_that_call_again_ride_the_next_one_together():
+    """Threads calling in a loop stay in one group: each call carries all of them.
+
+    Without waiting for them, a call that ends hands over to the callers
+    queued meanwhile, and its own callers queue behind that: the threads
+    split into groups taking turns (one and seven of eight).
+    """
+    sent: list[int] = []
+
+    def send(items):
+        sent.append(len(items))
+        threading.Event().wait(0.02)
+        return list(items)
+
+    combiner = Combiner(send)
+    combiner.MAX_LINGER = 0.5  # the call's quarter, 5 ms, bounds the wait
+
+    def loop(t):
+        for i in range(12):
+            assert combiner.call((t, i)) == (t, i)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(loop, range(8)))
+    assert sum(sent) == 96
+    steady = sent[2:-2]
+    assert sum(1 for n in steady if n == 8) >= 0.8 * len(steady), sent
+
+
+def test_a_caller_that_comes_back_alone_is_not_held_past_the_wait():
+    sent: list[list] = []
+    gate = threading.Barrier(3)
+
+    def send(items):
+        sent.append(sorted(items))
+        return list(items)
+
+    combiner = Combiner(send)
+    combiner.MAX_LINGER = 0.05
+    first = threading.Event()
+
+    def slow_send(items):
+        if not first.is_set():
+            first.set()
+            threading.Event().wait(0.2)  # the others queue behind the first call
+        return send(items)
+
+    combiner._send = slow_send
+    threads = [threading.Thread(target=lambda x=x: (gate.wait(), combiner.call(x))) for x in "abc"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert sorted(x for batch in sent for x in batch) == ["a", "b", "c"]
+    # only one of the last call's callers calls again: it goes once the wait is over
+    assert combiner.call("d") == "d" and sent[-1] == ["d"]
 
 
 def _outcome(fn, *args):
