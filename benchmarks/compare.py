@@ -107,6 +107,7 @@ TARGETS = [
     ("parallel4_vs_one", "4 reader processes / 1", 1.0),
     ("stat_vs_ping", "stat / no-op gRPC (1 thread)", 0.7),
     ("create_vs_ping", "create / no-op gRPC (1 thread)", 0.7),
+    ("create_vs_ping_8", "create / no-op gRPC (8 threads)", 1.0),
     ("auth_read_vs_insecure", "readinto, authentication on / --insecure", 0.95),
     ("auth_write_vs_insecure", "write R=3, authentication on / --insecure", 0.95),
     ("auth_stat_vs_insecure", "stat, authentication on / --insecure (1 thread)", 0.95),
