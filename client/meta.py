@@ -87,6 +87,7 @@ class Combiner:
         self._busy = False  # a call is in flight, or the next one is being gathered
         self._arrived = 0  # callers queued since the last call ended
         self._lead: tuple[int, float] | None = None  # the next caller gathers (see _run)
+        self._expected: int | None = None  # the callers a gathering caller waits for
 
     def call(self, item):
         """``item``'s result (its exception raised)."""
@@ -100,7 +101,8 @@ class Combiner:
                 self._arrived += 1
                 if self._lead is not None:
                     slot.leads, self._lead = self._lead, None
-                self._cond.notify_all()
+                elif self._arrived == self._expected:
+                    self._cond.notify()  # the gathering caller: everyone it waits for is here
         if slot.batch is None and slot.leads is None:
             slot.done.wait()
         if slot.leads is not None:
@@ -114,11 +116,13 @@ class Combiner:
     def _gather(self, expected: int, deadline: float) -> list[_Slot]:
         """The queue, once ``expected`` callers are in it or at ``deadline``."""
         with self._cond:
+            self._expected = expected
             while self._arrived < expected:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
+            self._expected = None
             batch, self._queued = self._queued, []
         return batch
 
