@@ -360,8 +360,15 @@ def test_meta_rate_reports_the_metaservers_own_time_per_call(cluster):
     out = meta_rate.measure(
         cluster.meta_address, count=40, threads=2, metrics_url=f"{cluster.admin_url}/metrics"
     )
-    # 10 interleaved rounds of 2 calls per thread of each operation
-    assert out["handler_calls"] == {"ping": 40, "create": 40, "stat": 40, "rename": 40}
+    # 10 interleaved rounds of 2 calls per thread of each operation; the two threads'
+    # creates ride BatchCreate calls together, mostly two in one
+    calls = out["handler_calls"]
+    assert {k: calls[k] for k in ("ping", "stat", "rename")} == {
+        "ping": 40,
+        "stat": 40,
+        "rename": 40,
+    }
+    assert 20 <= calls["create"] <= 40
     assert set(out["handler_us"]) == {"ping", "create", "stat", "rename"}
     assert all(us > 0 for us in out["handler_us"].values())
     plain = meta_rate.measure(cluster.meta_address, count=10)
