@@ -647,22 +647,15 @@ class DataServer:
             if refusal is None:
                 raise
             return refusal
-        try:
-            refusal = (
-                self._successors.await_write(store, plan, data, frame, forward) if forward else None
-            )
-        except BaseException:
-            store.abort(inode, index, plan.version)
-            self._given_up(store, plan, forward)
-            raise
-        if refusal is not None:
-            store.abort(inode, index, plan.version)
-            self._given_up(store, plan, forward)
-            return refusal
-        meta = store.commit(inode, index, plan.version)
-        self.replica.committed(plan)
-        self._count(req.target_id, written=len(data))
-        return written(meta)
+        if forward is None:
+            return self._conclude(store, plan, data, forward, lambda: None)
+        return self._conclude(
+            store,
+            plan,
+            data,
+            forward,
+            lambda: self._successors.await_write(store, plan, data, frame, forward),
+        )
 
     def _write_batch(
         self, conn: _Conn, batch: data_pb2.ChunkWriteBatch, frame: framing.Frame
@@ -814,7 +807,6 @@ class DataServer:
         ``error`` is what staging it raised; ``answer`` the successor's
         (status, message) when it was forwarded.
         """
-        inode, index = plan.req.chunk.inode, plan.req.chunk.index
         if error is not None:
             if forward is not None:
                 # a head out of room cannot stage its repair either: the next write mends it
@@ -823,17 +815,33 @@ class DataServer:
             if refusal is None:
                 raise error
             return refusal
-        if forward is not None and answer is not None:
-            try:
-                refusal = self._successors.settle(store, plan, data, *answer)
-            except BaseException:
-                store.abort(inode, index, plan.version)
-                self._given_up(store, plan, forward)
-                raise
-            if refusal is not None:
-                store.abort(inode, index, plan.version)
-                self._given_up(store, plan, forward)
-                return refusal
+        if forward is None or answer is None:
+            return self._conclude(store, plan, data, forward, lambda: None)
+        return self._conclude(
+            store, plan, data, forward, lambda: self._successors.settle(store, plan, data, *answer)
+        )
+
+    def _conclude(
+        self,
+        store: ChunkStore,
+        plan: WritePlan,
+        data: memoryview,
+        forward: wire.Call | None,
+        successor: Callable[[], wire.Refused | None],
+    ) -> wire.Refused | data_pb2.ChunkWriteResponse:
+        """Commit the staged ``plan`` once ``successor()`` (None: the successor holds it, or
+        there is none) allows it; else abort it and answer the refusal."""
+        inode, index = plan.req.chunk.inode, plan.req.chunk.index
+        try:
+            refusal = successor()
+        except BaseException:
+            store.abort(inode, index, plan.version)
+            self._given_up(store, plan, forward)
+            raise
+        if refusal is not None:
+            store.abort(inode, index, plan.version)
+            self._given_up(store, plan, forward)
+            return refusal
         meta = store.commit(inode, index, plan.version)
         self.replica.committed(plan)
         self._count(plan.req.target_id, written=len(data))

@@ -104,14 +104,17 @@ class Successors:
     ) -> wire.Refused | None:
         """None once the successor holds ``plan``, else the refusal to answer upstream."""
         while True:
-            status, message = self.answer(forward)
-            metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
-            if status == Status.STALE_CHAIN and self._on_stale is not None:
-                self._on_stale()
-            step = self._replica.successor_answered(plan, status, message)
+            step = self._judge(plan, *self.answer(forward))
             if step != rp.Reply.RESEND_FULL:
                 return step
             forward = self.send(store, plan, data, frame)
+
+    def _judge(self, plan: WritePlan, status: int, message: str):
+        """What the successor's answer ``status`` to ``plan`` leads to (the replica decides)."""
+        metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
+        if status == Status.STALE_CHAIN and self._on_stale is not None:
+            self._on_stale()
+        return self._replica.successor_answered(plan, status, message)
 
     def send_many(self, items: list[tuple[ChunkStore, WritePlan, memoryview]]) -> wire.Call:
         """Send the ``(store, plan, data)`` plans, all for one successor, in one write batch."""
@@ -155,10 +158,7 @@ class Successors:
         self, store: ChunkStore, plan: WritePlan, data: memoryview, status: int, message: str
     ) -> wire.Refused | None:
         """:meth:`await_write` of a plan whose forward was answered ``status`` already."""
-        metrics.CHUNK_OPS.labels("forward", framing.status_name(status)).inc()
-        if status == Status.STALE_CHAIN and self._on_stale is not None:
-            self._on_stale()
-        step = self._replica.successor_answered(plan, status, message)
+        step = self._judge(plan, status, message)
         if step != rp.Reply.RESEND_FULL:
             return step
         return self.await_write(store, plan, data, None, self.send(store, plan, data, None))
