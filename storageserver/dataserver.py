@@ -647,15 +647,10 @@ class DataServer:
             if refusal is None:
                 raise
             return refusal
-        if forward is None:
-            return self._conclude(store, plan, data, forward, lambda: None)
-        return self._conclude(
-            store,
-            plan,
-            data,
-            forward,
-            lambda: self._successors.await_write(store, plan, data, frame, forward),
-        )
+        successor = None
+        if forward is not None:
+            successor = lambda: self._successors.await_write(store, plan, data, frame, forward)  # noqa: E731
+        return self._conclude(store, plan, data, forward, successor)
 
     def _write_batch(
         self, conn: _Conn, batch: data_pb2.ChunkWriteBatch, frame: framing.Frame
@@ -815,11 +810,10 @@ class DataServer:
             if refusal is None:
                 raise error
             return refusal
-        if forward is None or answer is None:
-            return self._conclude(store, plan, data, forward, lambda: None)
-        return self._conclude(
-            store, plan, data, forward, lambda: self._successors.settle(store, plan, data, *answer)
-        )
+        successor = None
+        if forward is not None and answer is not None:
+            successor = lambda: self._successors.settle(store, plan, data, *answer)  # noqa: E731
+        return self._conclude(store, plan, data, forward, successor)
 
     def _conclude(
         self,
@@ -827,13 +821,13 @@ class DataServer:
         plan: WritePlan,
         data: memoryview,
         forward: wire.Call | None,
-        successor: Callable[[], wire.Refused | None],
+        successor: Callable[[], wire.Refused | None] | None,
     ) -> wire.Refused | data_pb2.ChunkWriteResponse:
-        """Commit the staged ``plan`` once ``successor()`` (None: the successor holds it, or
-        there is none) allows it; else abort it and answer the refusal."""
+        """Commit the staged ``plan`` once ``successor()`` allows it (None: the successor
+        holds it), or at once without one; else abort it and answer the refusal."""
         inode, index = plan.req.chunk.inode, plan.req.chunk.index
         try:
-            refusal = successor()
+            refusal = successor() if successor is not None else None
         except BaseException:
             store.abort(inode, index, plan.version)
             self._given_up(store, plan, forward)
