@@ -306,9 +306,9 @@ class Run:
             if self.driver.token is None:  # no admin token: the namespace call itself
                 layout = common_pb2.Layout(chunk_size=self.args.chunk_size, stripe=stripe)
                 req = meta_pb2.SetLayoutRequest(
-                    ctx=fs._meta.context(), path=ROOT_DIR, layout=layout
+                    ctx=fs.client.meta.context(), path=ROOT_DIR, layout=layout
                 )
-                fs._meta.meta("SetLayout", req, ROOT_DIR)
+                fs.client.meta.meta("SetLayout", req, ROOT_DIR)
             else:
                 set_layout(
                     self.driver.admin_url, self.driver.token, ROOT_DIR, self.args.chunk_size, stripe

@@ -76,22 +76,22 @@ def pwrite(fs, path: str, offset: int, data: bytes) -> tuple[int, int]:
     from emberfs.common.layout import chunk_spans
     from emberfs.proto import meta_pb2
 
-    h = fs._open_handle(path, meta_pb2.OPEN_WRITE)
+    h = fs.client.open(path, meta_pb2.OPEN_WRITE)
     view = memoryview(data)
     try:
         wait_all(
-            fs.chunk_io.submit_write(
+            fs.client.files.submit_write(
                 h, s.file_offset, view[s.file_offset - offset : s.file_offset - offset + s.length]
             )
             for s in chunk_spans(offset, len(data), h.chunk_size)
         )
     except BaseException:
         try:
-            fs.sessions.close(h, h.size, wrote=False, path=path)
+            fs.client.sessions.close(h, h.size, wrote=False, path=path)
         except Exception:
             pass
         raise
-    fs.sessions.close(h, max(h.size, offset + len(data)), wrote=True, path=path)
+    fs.client.sessions.close(h, max(h.size, offset + len(data)), wrote=True, path=path)
     return h.inode, h.size
 
 
@@ -530,9 +530,9 @@ class Workload:
 
         out: dict = {}
         try:
-            cached = self.fs._rt.get().routing.get()
+            cached = self.fs.client.runtime().routing.get()
             h = self.fs._open_handle(fm.path, meta_pb2.OPEN_READ)
-            fresh = self.fs._meta.routing()
+            fresh = self.fs.client.meta.routing()
             chunks = sorted(
                 {
                     i

@@ -385,7 +385,8 @@ def _group_list(text: str) -> list[int]:
         ) from None
 
 
-def _add_token_parser(sub: argparse._SubParsersAction) -> None:
+def _add_token_parser(sub) -> None:
+    """The ``token`` commands, added to ``sub`` (what ``add_subparsers`` returned)."""
     token = sub.add_parser(
         "token", help="client tokens: identities for the metaserver's permission checks"
     )

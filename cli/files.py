@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 from fsspec.callbacks import Callback
 
+from emberfs.client.paths import strip_protocol
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -32,7 +34,7 @@ class _Unreachable(Exception):
     pass
 
 
-def _parser(name: str, description: str) -> argparse.ArgumentParser:
+def command_parser(name: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"emberfs {name}", description=description)
     p.add_argument("--meta", help="metaserver HOST:PORT (default: $EMBERFS_META or 127.0.0.1:9400)")
     p.add_argument(
@@ -44,13 +46,14 @@ def _parser(name: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def _filesystem(args, paths: list[str]):
+def filesystem(args, paths: list[str]):
     from emberfs.client.fs import EmberFileSystem
+    from emberfs.client.paths import meta_of_url
 
     meta = args.meta
     if not meta:
         for p in paths:
-            meta = EmberFileSystem._get_kwargs_from_urls(p).get("meta")
+            meta = meta_of_url(p)
             if meta:
                 break
     return EmberFileSystem(
@@ -61,7 +64,7 @@ def _filesystem(args, paths: list[str]):
     )
 
 
-def _run(name: str, body: Callable[[], int | None], fs_holder: list) -> int:
+def run_command(name: str, body: Callable[[], int | None], fs_holder: list) -> int:
     """Run a command body, turning errors into one line and an exit code."""
     try:
         return int(body() or 0)
@@ -194,18 +197,18 @@ def _format_long(info: dict) -> str:
 
 def main_ls(argv: list[str]) -> int:
     """``emberfs ls [-l] [PATH...]``: list directories (a file lists itself)."""
-    p = _parser("ls", "List directories.")
+    p = command_parser("ls", "List directories.")
     p.add_argument("-l", "--long", action="store_true", help="mode, links, size, mtime")
     p.add_argument("paths", nargs="*", default=["/"])
     args = p.parse_args(argv)
     holder: list = []
 
     def body() -> int:
-        fs = _filesystem(args, args.paths)
+        fs = filesystem(args, args.paths)
         holder.append(fs)
         for i, path in enumerate(args.paths):
             if len(args.paths) > 1:
-                print(("\n" if i else "") + f"{fs._strip_protocol(path)}:")
+                print(("\n" if i else "") + f"{strip_protocol(path)}:")
             entries = sorted(fs.ls(path, detail=True), key=lambda e: e["name"])
             for e in entries:
                 if args.long:
@@ -215,19 +218,19 @@ def main_ls(argv: list[str]) -> int:
                     print(name + ("/" if e["type"] == "directory" else ""))
         return EXIT_OK
 
-    return _run("ls", body, holder)
+    return run_command("ls", body, holder)
 
 
 def main_stat(argv: list[str]) -> int:
     """``emberfs stat [--json] PATH...``: show attributes."""
-    p = _parser("stat", "Show a path's attributes.")
+    p = command_parser("stat", "Show a path's attributes.")
     p.add_argument("--json", action="store_true", help="one JSON object per path")
     p.add_argument("paths", nargs="+")
     args = p.parse_args(argv)
     holder: list = []
 
     def body() -> int:
-        fs = _filesystem(args, args.paths)
+        fs = filesystem(args, args.paths)
         holder.append(fs)
         for path in args.paths:
             info = fs.info(path)
@@ -247,12 +250,12 @@ def main_stat(argv: list[str]) -> int:
                 print(f" chunk: {info['chunk_size']}")
         return EXIT_OK
 
-    return _run("stat", body, holder)
+    return run_command("stat", body, holder)
 
 
 def main_cat(argv: list[str]) -> int:
     """``emberfs cat PATH...``: write files to stdout (parallel chunk fetches)."""
-    p = _parser("cat", "Write files to stdout.")
+    p = command_parser("cat", "Write files to stdout.")
     p.add_argument("paths", nargs="+")
     args = p.parse_args(argv)
     holder: list = []
@@ -260,7 +263,7 @@ def main_cat(argv: list[str]) -> int:
     def body() -> int:
         from emberfs.client.transfer import stream_out
 
-        fs = _filesystem(args, args.paths)
+        fs = filesystem(args, args.paths)
         holder.append(fs)
         out = sys.stdout.buffer
         for path in args.paths:
@@ -270,7 +273,7 @@ def main_cat(argv: list[str]) -> int:
         out.flush()
         return EXIT_OK
 
-    return _run("cat", body, holder)
+    return run_command("cat", body, holder)
 
 
 def _add_transfer_flags(p: argparse.ArgumentParser) -> None:
@@ -281,7 +284,7 @@ def _add_transfer_flags(p: argparse.ArgumentParser) -> None:
 
 def main_put(argv: list[str]) -> int:
     """``emberfs put [-r] LOCAL... REMOTE``: upload files or trees."""
-    p = _parser("put", "Upload local files or directories.")
+    p = command_parser("put", "Upload local files or directories.")
     _add_transfer_flags(p)
     p.add_argument("sources", nargs="+")
     p.add_argument("target")
@@ -301,7 +304,7 @@ def main_put(argv: list[str]) -> int:
                     total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
             else:
                 total += os.path.getsize(src)
-        fs = _filesystem(args, [args.target])
+        fs = filesystem(args, [args.target])
         holder.append(fs)
         target = args.target
         sources = args.sources if len(args.sources) > 1 else args.sources[0]
@@ -314,12 +317,12 @@ def main_put(argv: list[str]) -> int:
             progress.close()
         return EXIT_OK
 
-    return _run("put", body, holder)
+    return run_command("put", body, holder)
 
 
 def main_get(argv: list[str]) -> int:
     """``emberfs get [-r] REMOTE... LOCAL``: download files or trees."""
-    p = _parser("get", "Download files or directories.")
+    p = command_parser("get", "Download files or directories.")
     _add_transfer_flags(p)
     p.add_argument("sources", nargs="+")
     p.add_argument("target")
@@ -327,7 +330,7 @@ def main_get(argv: list[str]) -> int:
     holder: list = []
 
     def body() -> int:
-        fs = _filesystem(args, args.sources)
+        fs = filesystem(args, args.sources)
         holder.append(fs)
         total = 0
         for src in args.sources:
@@ -350,12 +353,12 @@ def main_get(argv: list[str]) -> int:
             progress.close()
         return EXIT_OK
 
-    return _run("get", body, holder)
+    return run_command("get", body, holder)
 
 
 def main_rm(argv: list[str]) -> int:
     """``emberfs rm [-r] [-f] PATH...``: remove files (``-r``: whole trees)."""
-    p = _parser("rm", "Remove files or directory trees.")
+    p = command_parser("rm", "Remove files or directory trees.")
     p.add_argument("-r", "--recursive", action="store_true", help="remove directories and trees")
     p.add_argument("-f", "--force", action="store_true", help="ignore missing paths")
     p.add_argument("paths", nargs="+")
@@ -363,7 +366,7 @@ def main_rm(argv: list[str]) -> int:
     holder: list = []
 
     def body() -> int:
-        fs = _filesystem(args, args.paths)
+        fs = filesystem(args, args.paths)
         holder.append(fs)
         for path in args.paths:
             try:
@@ -375,19 +378,19 @@ def main_rm(argv: list[str]) -> int:
                     raise
         return EXIT_OK
 
-    return _run("rm", body, holder)
+    return run_command("rm", body, holder)
 
 
 def main_mkdir(argv: list[str]) -> int:
     """``emberfs mkdir [-p] PATH...``: make directories."""
-    p = _parser("mkdir", "Make directories.")
+    p = command_parser("mkdir", "Make directories.")
     p.add_argument("-p", "--parents", action="store_true", help="make parents; existing is fine")
     p.add_argument("paths", nargs="+")
     args = p.parse_args(argv)
     holder: list = []
 
     def body() -> int:
-        fs = _filesystem(args, args.paths)
+        fs = filesystem(args, args.paths)
         holder.append(fs)
         for path in args.paths:
             if args.parents:
@@ -396,21 +399,21 @@ def main_mkdir(argv: list[str]) -> int:
                 fs.mkdir(path, create_parents=False)
         return EXIT_OK
 
-    return _run("mkdir", body, holder)
+    return run_command("mkdir", body, holder)
 
 
 def main_mv(argv: list[str]) -> int:
     """``emberfs mv SRC DST``: rename (into DST when it is a directory)."""
-    p = _parser("mv", "Rename or move a file or directory.")
+    p = command_parser("mv", "Rename or move a file or directory.")
     p.add_argument("source")
     p.add_argument("target")
     args = p.parse_args(argv)
     holder: list = []
 
     def body() -> int:
-        fs = _filesystem(args, [args.source, args.target])
+        fs = filesystem(args, [args.source, args.target])
         holder.append(fs)
         fs.mv(args.source, args.target)
         return EXIT_OK
 
-    return _run("mv", body, holder)
+    return run_command("mv", body, holder)

@@ -25,7 +25,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from emberfs.cli.files import EXIT_OK, EXIT_USAGE, _filesystem, _parser, _run
+from emberfs.cli.files import EXIT_OK, EXIT_USAGE, command_parser, filesystem, run_command
 from emberfs.common import kvgeometry
 from emberfs.common.units import format_size, parse_size
 from emberfs.kvcache.layout import DTYPE_BYTES, KVLayout
@@ -196,7 +196,7 @@ def _on_cache(name: str, description: str, argv: list[str], extra=None):
     ``run(body)`` opens the filesystem and calls ``body(fs)`` with the
     error handling of the file commands.
     """
-    p = _parser(f"kvcache {name}", description)
+    p = command_parser(f"kvcache {name}", description)
     p.add_argument("path", help="the cache directory")
     if extra is not None:
         extra(p)
@@ -206,11 +206,11 @@ def _on_cache(name: str, description: str, argv: list[str], extra=None):
         holder: list = []
 
         def opened() -> int | None:
-            fs = _filesystem(args, [args.path])
+            fs = filesystem(args, [args.path])
             holder.append(fs)
             return body(fs)
 
-        return _run(f"kvcache {name}", opened, holder)
+        return run_command(f"kvcache {name}", opened, holder)
 
     return p, args, run
 

@@ -128,8 +128,10 @@ def _report(fd: int | None, message: str) -> None:
 
 def _serve(args, notify: int | None) -> int:
     """Build the client, mount, tell ``notify`` (the waiting parent) and serve until unmounted."""
-    from emberfs.client.fs import EmberFileSystem
-    from emberfs.client.mount import EmberFuse, MountOptions, serve
+    from emberfs.client.core import Client
+    from emberfs.client.fusebind import serve
+    from emberfs.client.mount import EmberFuse, MountOptions
+    from emberfs.client.options import ClientOptions
 
     options = MountOptions(
         attr_timeout=args.attr_timeout,
@@ -140,26 +142,27 @@ def _serve(args, notify: int | None) -> int:
         meta_timeout=args.meta_timeout,
         allow_other=args.allow_other,
     )
-    fs = EmberFileSystem(
+    client = Client(
         meta=args.meta or None,
         token=args.token or None,
-        auto_mkdir=False,
-        readahead_depth=args.readahead_depth,
-        write_depth=args.write_depth,
-        retry_timeout=1e9 if args.on_outage == "block" else args.meta_timeout,
-        rpc_timeout=max(args.meta_timeout, 5.0),
-        skip_instance_cache=True,
+        options=ClientOptions(
+            auto_mkdir=False,
+            readahead_depth=args.readahead_depth,
+            write_depth=args.write_depth,
+            retry_timeout=1e9 if args.on_outage == "block" else args.meta_timeout,
+            rpc_timeout=max(args.meta_timeout, 5.0),
+        ),
     )
     try:
-        fs._meta.statfs()
+        client.meta.statfs()
     except OSError as exc:
         detail = exc.strerror or str(exc)
         if exc.errno in UNREACHABLE_ERRNOS:
-            _report(notify, f"{UNREACHABLE} at {fs.meta}: {detail}")
+            _report(notify, f"{UNREACHABLE} at {client.address}: {detail}")
             return EXIT_UNREACHABLE
-        _report(notify, f"the cluster at {fs.meta} refused the mount: {detail}")
+        _report(notify, f"the cluster at {client.address} refused the mount: {detail}")
         return EXIT_FAILED
-    ops = EmberFuse(fs, options)
+    ops = EmberFuse(client, options)
 
     def when_ready() -> None:
         if not ops.ready.wait(READY_TIMEOUT):
@@ -182,7 +185,7 @@ def _serve(args, notify: int | None) -> int:
 
     threading.Thread(target=when_ready, name="emberfs-mount-ready", daemon=True).start()
     try:
-        serve(ops, args.mountpoint, debug=args.debug, fsname=f"emberfs:{fs.meta}")
+        serve(ops, args.mountpoint, debug=args.debug, fsname=f"emberfs:{client.address}")
     except RuntimeError as exc:
         if ops.ready.is_set():  # mounted, then stopped by a signal (libfuse says so with 8)
             logging.getLogger(__name__).info("unmounted %s (%s)", args.mountpoint, exc)
@@ -190,7 +193,7 @@ def _serve(args, notify: int | None) -> int:
         _report(notify, f"mounting {args.mountpoint} failed ({exc}); see the messages above")
         return EXIT_FAILED
     finally:
-        fs.close()
+        client.close()
     return EXIT_OK
 
 

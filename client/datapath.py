@@ -19,9 +19,9 @@ import queue
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from typing import NamedTuple
 
 from emberfs.client.capabilities import Capabilities
+from emberfs.client.chunkio import ChunkIO
 from emberfs.client.lanes import PendingRead, ReadLanes, check_answer
 from emberfs.client.retry import RequestIds, TransientError, retry
 from emberfs.client.routing import RoutingCache
@@ -30,17 +30,6 @@ from emberfs.common.auth import CapabilityCredential
 from emberfs.common.framing import Op
 from emberfs.common.routing import ChainView, RoutingView, TargetView
 from emberfs.proto import cluster_pb2, data_pb2
-
-
-class ChunkWrite(NamedTuple):
-    """One chunk write of :meth:`DataPath.write_chunks`: ``data`` at ``offset`` of a chunk."""
-
-    inode: int
-    index: int
-    offset: int
-    data: object  # bytes-like
-    chunk_size: int
-
 
 log = logging.getLogger(__name__)
 
@@ -262,12 +251,10 @@ class DataClient:
         )
         return [serving[i] for i in order]
 
-    def read_chunk(
-        self, chain_id: int, inode: int, index: int, offset: int, out: memoryview, need: int = 0
-    ) -> None:
-        """Fill ``out`` with bytes ``[offset, offset+len(out))`` of chunk ``index``.
+    def read(self, io: ChunkIO) -> None:
+        """Fill ``io.buf`` with bytes ``[offset, offset+length)`` of chunk ``io.index``.
 
-        The first ``need`` of those bytes are data the file says is on storage;
+        The first ``io.need`` of those bytes are data the file says is on storage;
         the rest may lie past the chunk's end (or the chunk may not exist):
         those read as zeros, the holes of the file. A replica that has no such
         chunk, or a shorter one than ``need``, is passed over for another;
@@ -277,6 +264,14 @@ class DataClient:
         verified against its block CRC32C. Raises OSError(EIO) when no replica
         could serve the chunk within ``read_timeout``.
         """
+        chain_id, inode, index, offset, out, need = (
+            io.chain,
+            io.inode,
+            io.index,
+            io.offset,
+            io.buf,
+            io.need,
+        )
         if not len(out):
             return
         seen: list[RoutingView | None] = [None]
@@ -343,10 +338,8 @@ class DataClient:
         if fatal:
             raise fatal[0]
 
-    def start_read(
-        self, chain_id: int, inode: int, index: int, offset: int, length: int
-    ) -> PendingRead | None:
-        """Send a read of ``length`` bytes at ``offset`` of a chunk now; receive it later.
+    def start_read(self, io: ChunkIO) -> PendingRead | None:
+        """Send the read ``io`` (its ``length`` bytes, no buffer yet) now; receive it later.
 
         The answer waits in the connection's socket buffers until
         :meth:`PendingRead.finish_into` receives it straight into the
@@ -355,6 +348,7 @@ class DataClient:
         Returns None when no serving replica can take one more (the caller
         reads the usual way).
         """
+        chain_id, inode, index, offset, length = io.chain, io.inode, io.index, io.offset, io.length
         try:
             _, chain = self.routing.chain(chain_id)
         except KeyError:
@@ -377,17 +371,8 @@ class DataClient:
         return None
 
     # writes ------------------------------------------------------------------
-    def write_chunk(
-        self,
-        chain_id: int,
-        inode: int,
-        index: int,
-        offset: int,
-        data,
-        chunk_size: int,
-        request_id: int = 0,
-    ) -> data_pb2.ChunkWriteResponse:
-        """Write ``data`` at ``offset`` of chunk ``index`` through the chain head.
+    def write(self, io: ChunkIO, request_id: int = 0) -> data_pb2.ChunkWriteResponse:
+        """Write ``io.buf`` at ``io.offset`` of chunk ``io.index`` through the chain head.
 
         Returns once the whole chain holds it. Retries (with the same request
         id, so the chain applies it once) after routing refreshes until
@@ -395,9 +380,16 @@ class DataClient:
         without room for the update (NO_SPACE) raises OSError(ENOSPC) at once.
         ``request_id`` (0: a new one) continues a write tried before.
         """
+        chain_id, inode, index, offset, chunk_size = (
+            io.chain,
+            io.inode,
+            io.index,
+            io.offset,
+            io.chunk_size,
+        )
         request_id = request_id or self.ids.next()
         seen: list[RoutingView | None] = [None]
-        payload = memoryview(data).cast("B")
+        payload = memoryview(io.buf).cast("B")
         denials: list[wire.Denied] = []
 
         def attempt() -> data_pb2.ChunkWriteResponse:
@@ -447,17 +439,18 @@ class DataClient:
 
         return self._retrying(attempt, seen, chain_id, "write", self.write_timeout, max_backoff=1.0)
 
-    def write_chunks(self, chain_id: int, writes: list[ChunkWrite]) -> list:
+    def write_batch(self, writes: list[ChunkIO]) -> list:
         """Write several chunks of one chain at once: each one's response, or its OSError.
 
         One OP_WRITE_BATCH frame to the chain head carries them all; a write it
         does not answer OK (a refusal, a lost connection, routing that moved)
-        then goes alone through :meth:`write_chunk` with the same request id,
+        then goes alone through :meth:`write` with the same request id,
         so the chain applies each write once and every error is the one a
         single write would raise.
         """
         ids = [self.ids.next() for _ in writes]
         out: list = [None] * len(writes)
+        chain_id = writes[0].chain if writes else 0
         if len(writes) > 1:
             try:
                 self._send_batch(chain_id, writes, ids, out)
@@ -466,15 +459,13 @@ class DataClient:
         for i, w in enumerate(writes):
             if out[i] is None:
                 try:
-                    out[i] = self.write_chunk(
-                        chain_id, w.inode, w.index, w.offset, w.data, w.chunk_size, ids[i]
-                    )
+                    out[i] = self.write(w, ids[i])
                 except OSError as exc:
                     out[i] = exc
         return out
 
-    def _send_batch(self, chain_id: int, writes: list[ChunkWrite], ids: list[int], out: list):
-        """One try of :meth:`write_chunks`: fill ``out`` with the writes the head answered OK."""
+    def _send_batch(self, chain_id: int, writes: list[ChunkIO], ids: list[int], out: list):
+        """One try of :meth:`write_batch`: fill ``out`` with the writes the head answered OK."""
         _, chain = self.routing.chain(chain_id)
         head = chain.head
         if head is None:
@@ -494,7 +485,7 @@ class DataClient:
                     request_id=request_id,
                 )
             )
-            batch.lengths.append(len(w.data))
+            batch.lengths.append(w.length)
             if credential is not None:
                 batch.capabilities.append(credential.token)
         meta = wire.call(
@@ -502,7 +493,7 @@ class DataClient:
             head.data_address,
             Op.WRITE_BATCH,
             batch.SerializeToString(),
-            b"".join(w.data for w in writes),
+            b"".join(w.buf for w in writes),
             credential=credentials[0],
         )
         answer = data_pb2.ChunkWriteBatchResponse.FromString(meta)

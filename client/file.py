@@ -5,24 +5,21 @@ tell, readline and iteration come from it) with the ``"emberfs"`` readahead
 cache; ``readinto`` and large ``read`` calls fetch chunks in parallel straight
 into one buffer. ``block_size=0`` streams: no cache, every read goes through.
 
-Writing sends whole chunks to their chain heads as soon as they are complete,
-several in flight on the filesystem's thread pool (memory stays bounded by
+Writing goes through the file's :class:`~emberfs.client.writer.FileWriter`
+(the same writer the FUSE mount uses): whole chunks go to their chain heads as
+soon as they are complete, several in flight (memory stays bounded by
 ``write_depth`` chunks); ``close`` waits for all of them and then ends the
-write session with the exact length. While a file is open for writing,
-:class:`~emberfs.client.handles.SessionLeases` renews its session's lease; a
-session the metaserver ended (its lease ran out) makes the next write or close
-fail with ESTALE.
+write session with the exact length. A session the metaserver ended (its
+lease ran out) makes the next write or close fail with ESTALE.
 """
 
 from __future__ import annotations
 
-import errno
-
 from fsspec.spec import AbstractBufferedFile
 
 from emberfs.client.buffers import as_bytes, result_buffer
-from emberfs.client.chunkio import ChunkWrites, wait_all
-from emberfs.client.handles import OpenHandle, attr_info, stale_session
+from emberfs.client.chunkio import wait_all
+from emberfs.client.handles import OpenHandle, attr_info
 from emberfs.client.readahead import ReadaheadCache
 
 # reads at least this large bypass the cache and land in one buffer
@@ -62,8 +59,8 @@ class EmberFile(AbstractBufferedFile):
         **kwargs,
     ) -> None:
         self.handle = handle
-        self._io = fs.chunk_io
-        chunk = handle.chunk_size or fs.default_block_size
+        self._io = fs.client.files
+        chunk = handle.chunk_size or fs.client.options.default_block_size
         self._streaming = block_size == 0
         if block_size in ("default", None):
             block_size = chunk
@@ -73,7 +70,7 @@ class EmberFile(AbstractBufferedFile):
         cache_options = dict(cache_options or {})
         if mode == "rb" and cache_type == "emberfs":
             cache_options.setdefault("reader", self._io.reader(handle))
-            cache_options.setdefault("depth", fs.readahead_depth)
+            cache_options.setdefault("depth", fs.client.options.readahead_depth)
         super().__init__(
             fs,
             path,
@@ -86,13 +83,10 @@ class EmberFile(AbstractBufferedFile):
             **kwargs,
         )
         if mode != "rb":
-            self._start = handle.size if mode == "ab" else 0
-            self.loc = self._start
-            self._pending = bytearray()
-            self._pending_at = self._start  # file offset of _pending[0]
-            self._writes = ChunkWrites(self._io, handle, fs.write_depth, path)
-            if handle.session_id:
-                fs.sessions.register(handle)
+            if mode != "ab":
+                handle.attr.size = 0  # the open truncated or created it
+            self.loc = handle.attr.size
+            self.writer = fs.client.writer(handle, touched=True)
 
     @property
     def details(self):
@@ -175,14 +169,6 @@ class EmberFile(AbstractBufferedFile):
     def _initiate_upload(self) -> None:
         """Nothing to do: the write session was opened with the file."""
 
-    def _send(self, offset: int, data) -> None:
-        """Queue a write of ``data`` at file ``offset`` (within one chunk)."""
-        if self._writes.failed is not None:
-            raise self._writes.failed
-        if self.handle.expired:
-            raise stale_session(self.path)
-        self._writes.send(offset, data)
-
     def write(self, data) -> int:
         """Buffer ``data``; every completed chunk is sent at once."""
         if not self.writable():
@@ -191,34 +177,14 @@ class EmberFile(AbstractBufferedFile):
             raise ValueError("I/O operation on closed file.")
         if self.forced:
             raise ValueError("This file has been force-flushed, can only close")
-        immutable = isinstance(data, bytes)
-        mv = memoryview(data).cast("B")
-        n = len(mv)
-        cs = self.handle.chunk_size
-        while len(mv):
-            boundary = (self._pending_at // cs + 1) * cs
-            room = boundary - self._pending_at - len(self._pending)
-            if not self._pending and immutable and len(mv) >= room:
-                self._send(self._pending_at, mv[:room])
-                self._pending_at += room
-                mv = mv[room:]
-                continue
-            take = min(room, len(mv))
-            self._pending += mv[:take]
-            mv = mv[take:]
-            if len(self._pending) == boundary - self._pending_at:
-                self._upload_chunk()
+        n = self.writer.write(self.loc, data)
         self.loc += n
         return n
 
     def _upload_chunk(self, final: bool = False) -> bool:
-        """Send the buffered bytes; with ``final`` wait for every write."""
-        if self._pending:
-            data, self._pending = self._pending, bytearray()
-            self._send(self._pending_at, data)
-            self._pending_at += len(data)
+        """fsspec's hook: with ``final`` send the buffered bytes and wait for every write."""
         if final:
-            self._writes.wait_all()
+            self.writer.flush()
         return True
 
     def flush(self, force: bool = False) -> None:
@@ -230,7 +196,7 @@ class EmberFile(AbstractBufferedFile):
         if self.forced:
             raise ValueError("Force flush cannot be called more than once")
         self.forced = True
-        self._upload_chunk(final=True)
+        self.writer.flush()
 
     def close(self) -> None:
         """Finish the file: all writes, then ``Close`` with the exact length."""
@@ -241,32 +207,8 @@ class EmberFile(AbstractBufferedFile):
                 self.cache.close()  # reads sent ahead give their connections back
             super().close()
             return
-        error: BaseException | None = None
-        try:
-            if not self.forced:
-                self.flush(force=True)
-        except BaseException as exc:
-            error = exc
-            self._writes.abandon()
-        finally:
-            self.closed = True
-        h = self.handle
-        try:
-            if h.expired:
-                raise stale_session(self.path)
-            attr = self.fs.sessions.close(h, self._pending_at, wrote=error is None, path=self.path)
-            self.handle.attr = attr
-        except BaseException as exc:
-            if isinstance(exc, OSError) and exc.errno == errno.EINVAL and self.fs.sessions.gone(h):
-                exc = stale_session(self.path)
-            error = error or exc
-        finally:
-            if h.session_id:
-                self.fs.sessions.unregister(h)
-        if error is not None:
-            if isinstance(error, OSError):
-                raise error
-            raise OSError(errno.EIO, f"writing {self.path} failed: {error}") from error
+        self.closed = True
+        self.writer.close()
 
     def discard(self) -> None:
         """Writes already sent cannot be taken back; the session ends on close."""

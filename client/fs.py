@@ -2,10 +2,12 @@
 
 URLs are ``emberfs://HOST:PORT/path`` (the metaserver's address) or
 ``emberfs:///path`` with the metaserver taken from ``EMBERFS_META`` (default
-``127.0.0.1:9400``). Namespace operations are single metaserver calls; file
-data moves over the framed data protocol (:mod:`emberfs.client.datapath`), a
-chunk per request, planned by :mod:`emberfs.client.chunkio` for open files and
-by :mod:`emberfs.client.transfer` for many files at once.
+``127.0.0.1:9400``). The filesystem is built on a
+:class:`~emberfs.client.core.Client` (``fs.client``): namespace operations are
+single metaserver calls through ``fs.client.meta``; file data moves over the
+framed data protocol (:mod:`emberfs.client.datapath`) as chunk I/O planned by
+:mod:`emberfs.client.fileio` for open files and by
+:mod:`emberfs.client.transfer` (``fs.transfers``) for many files at once.
 
 One instance can be shared by threads. After ``os.fork`` (PyTorch DataLoader
 workers) the child notices the new process id and lazily builds its own gRPC
@@ -17,24 +19,20 @@ from __future__ import annotations
 import datetime
 import errno
 import re
-import threading
 
 from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
-from fsspec.utils import stringify_path, tokenize
+from fsspec.utils import tokenize
 
-from emberfs.client import config
-from emberfs.client.chunkio import ChunkIO
+from emberfs.client import plan
+from emberfs.client.core import Client
 from emberfs.client.file import EmberFile
-from emberfs.client.handles import OpenHandle, WriteSessions, attr_info, is_a_directory
-from emberfs.client.memory import keep_freed_memory
-from emberfs.client.meta import MetaClient
-from emberfs.client.runtime import ProcessRuntime
+from emberfs.client.handles import OpenHandle, attr_info, is_a_directory
+from emberfs.client.options import TUNABLES, ClientOptions
+from emberfs.client.paths import PROTOCOLS, meta_of_url, parent, strip_protocol
 from emberfs.client.transfer import BatchTransfer
 from emberfs.proto import common_pb2, meta_pb2
 
-_PROTOCOLS = ("emberfs", "ember")
-_URL = re.compile(r"^(?:emberfs|ember)://")
 _MAGIC = re.compile(r"[*?\[]")
 
 
@@ -96,62 +94,45 @@ class EmberFileSystem(AbstractFileSystem):
         process's resident memory then stays at its peak.
     """
 
-    protocol = _PROTOCOLS
+    protocol = PROTOCOLS
     root_marker = "/"
     cachable = True
 
-    readahead_depth = 8
-    write_depth = 8
-    max_workers = 16
-    max_connections = 8
-    default_block_size = 4 * 1024 * 1024
-    connect_timeout = 5.0
-    io_timeout = 30.0
-    rpc_timeout = 30.0
-    retry_timeout = 30.0
-    read_timeout = 60.0
-    write_timeout = 60.0
-    stall_check = 1.0
-    auto_mkdir = True
-    list_page = 2000
-    session_renew_interval = 60.0
-    keep_memory = False
-
-    # the keyword arguments of __init__ that set the attributes above
-    _OPTIONS = tuple(
-        "readahead_depth write_depth max_workers max_connections default_block_size"
-        " connect_timeout io_timeout rpc_timeout retry_timeout read_timeout write_timeout"
-        " stall_check auto_mkdir list_page session_renew_interval keep_memory".split()
-    )
+    # the tunables (ClientOptions), as class attributes that __init__'s keywords override
+    readahead_depth = ClientOptions.readahead_depth
+    write_depth = ClientOptions.write_depth
+    max_workers = ClientOptions.max_workers
+    max_connections = ClientOptions.max_connections
+    default_block_size = ClientOptions.default_block_size
+    connect_timeout = ClientOptions.connect_timeout
+    io_timeout = ClientOptions.io_timeout
+    rpc_timeout = ClientOptions.rpc_timeout
+    retry_timeout = ClientOptions.retry_timeout
+    read_timeout = ClientOptions.read_timeout
+    write_timeout = ClientOptions.write_timeout
+    stall_check = ClientOptions.stall_check
+    auto_mkdir = ClientOptions.auto_mkdir
+    list_page = ClientOptions.list_page
+    session_renew_interval = ClientOptions.session_renew_interval
+    keep_memory = ClientOptions.keep_memory
 
     def __init__(
         self, meta: str | None = None, token: str | None = None, tls_ca: str | None = None, **kwargs
     ) -> None:
-        options = {k: kwargs.pop(k) for k in self._OPTIONS if k in kwargs}
+        options = {k: kwargs.pop(k) for k in TUNABLES if k in kwargs}
         super().__init__(**kwargs)
-        self.meta = meta or config.default_meta()
-        self.token = token or config.default_token()
-        self.tls_ca = tls_ca or config.setting("tls_ca")
         for name, value in options.items():
             setattr(self, name, value)
         self.blocksize = self.default_block_size
-        if self.keep_memory:
-            keep_freed_memory()
-        self._rt = ProcessRuntime(self)
-        # what EmberFile and the transfers of many files read, write and end sessions through
-        self.chunk_io = ChunkIO(self._rt)
-        self.sessions = WriteSessions(self._rt)
-        self._batch = BatchTransfer(self, self._rt)
-        self._plan = threading.local()  # see _planned
-
-    # per-process runtime ---------------------------------------------------------
-    @property
-    def _meta(self) -> MetaClient:
-        return self._rt.get().meta
+        self.client = Client(meta, token, tls_ca, ClientOptions.of(self))
+        self.meta = self.client.address
+        self.token = self.client.token
+        self.tls_ca = self.client.tls_ca
+        self.transfers = BatchTransfer(self.client, self)
 
     def close(self) -> None:
         """Release connections and threads (the instance stays usable)."""
-        self._rt.close()
+        self.client.close()
 
     @property
     def fsid(self) -> str:
@@ -160,26 +141,12 @@ class EmberFileSystem(AbstractFileSystem):
     # paths ---------------------------------------------------------------------
     @classmethod
     def _strip_protocol(cls, path):
-        if isinstance(path, list):
-            return [cls._strip_protocol(p) for p in path]
-        path = stringify_path(path)
-        m = _URL.match(path)
-        if m:
-            rest = path[m.end() :]
-            path = rest if rest.startswith("/") else "/" + rest.partition("/")[2]
-        path = re.sub("/+", "/", "/" + path)
-        if len(path) > 1:
-            path = path.rstrip("/")
-        return path or "/"
+        return strip_protocol(path)
 
     @staticmethod
     def _get_kwargs_from_urls(path):
-        m = _URL.match(stringify_path(path))
-        if m:
-            authority = path[m.end() :].partition("/")[0]
-            if authority:
-                return {"meta": authority}
-        return {}
+        authority = meta_of_url(path)
+        return {"meta": authority} if authority else {}
 
     def unstrip_protocol(self, name: str) -> str:
         return f"emberfs://{self.meta}{self._strip_protocol(name)}"
@@ -187,12 +154,12 @@ class EmberFileSystem(AbstractFileSystem):
     # attributes ------------------------------------------------------------------
     def info(self, path, **kwargs) -> dict:
         path = self._strip_protocol(path)
-        return attr_info(path, self._meta.stat(path, follow=True))
+        return attr_info(path, self.client.meta.stat(path, follow=True))
 
     def ls(self, path, detail: bool = True, **kwargs):
         path = self._strip_protocol(path)
         try:
-            entries = list(self._meta.list(path, page=self.list_page))
+            entries = list(self.client.meta.list(path, page=self.list_page))
         except NotADirectoryError:
             info = self.info(path)
             if info["type"] == "directory":
@@ -217,7 +184,7 @@ class EmberFileSystem(AbstractFileSystem):
 
     def ukey(self, path) -> str:
         """Changes whenever the file's content may have changed."""
-        attr = self._meta.stat(self._strip_protocol(path), follow=True)
+        attr = self.client.meta.stat(self._strip_protocol(path), follow=True)
         return tokenize(self.meta, attr.inode, attr.size, attr.mtime_ns, attr.ctime_ns)
 
     def checksum(self, path) -> int:
@@ -225,36 +192,36 @@ class EmberFileSystem(AbstractFileSystem):
 
     def statfs(self) -> dict:
         """Capacity and usage of the cluster."""
-        r = self._meta.statfs()
+        r = self.client.meta.statfs()
         return {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields}
 
     # directories -----------------------------------------------------------------
     def mkdir(self, path, create_parents: bool = True, **kwargs) -> None:
         path = self._strip_protocol(path)
         try:
-            self._meta.mkdir(path, parents=False)
+            self.client.meta.mkdir(path, parents=False)
         except FileNotFoundError:
             if not create_parents:
                 raise
-            self._meta.mkdir(self._parent(path), parents=True)
-            self._meta.mkdir(path, parents=False)
+            self.client.meta.mkdir(parent(path), parents=True)
+            self.client.meta.mkdir(path, parents=False)
 
     def makedirs(self, path, exist_ok: bool = False) -> None:
         path = self._strip_protocol(path)
         if exist_ok:
-            self._meta.mkdir(path, parents=True)
+            self.client.meta.mkdir(path, parents=True)
         else:
             self.mkdir(path, create_parents=True)
 
     def rmdir(self, path) -> None:
-        self._meta.remove(self._strip_protocol(path), directory=True)
+        self.client.meta.remove(self._strip_protocol(path), directory=True)
 
     def rm_file(self, path) -> None:
         """Remove a file or symlink (IsADirectoryError for a directory)."""
         path = self._strip_protocol(path)
-        if self._meta.stat(path, follow=False).type == common_pb2.DIRECTORY:
+        if self.client.meta.stat(path, follow=False).type == common_pb2.DIRECTORY:
             raise is_a_directory(path)
-        self._meta.remove(path)
+        self.client.meta.remove(path)
 
     _rm = rm_file
 
@@ -269,15 +236,15 @@ class EmberFileSystem(AbstractFileSystem):
         if maxdepth is None and not any(_MAGIC.search(str(p)) for p in paths):
             stripped = [self._strip_protocol(p) for p in paths]
             if len(stripped) == 1:
-                self._meta.remove(stripped[0], recursive=recursive)
+                self.client.meta.remove(stripped[0], recursive=recursive)
                 return
-            for got in self._meta.batch_remove(stripped, recursive=recursive):
+            for got in self.client.meta.batch_remove(stripped, recursive=recursive):
                 if isinstance(got, OSError):
                     raise got
             return
         expanded = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
         deepest_first = sorted(expanded, key=lambda s: (-s.count("/"), s))
-        for got in self._meta.batch_remove(deepest_first, recursive=recursive):
+        for got in self.client.meta.batch_remove(deepest_first, recursive=recursive):
             if isinstance(got, OSError) and not isinstance(got, FileNotFoundError):
                 raise got  # a missing path went with its parent
 
@@ -292,27 +259,18 @@ class EmberFileSystem(AbstractFileSystem):
         except FileNotFoundError:
             pass
         try:
-            self._meta.rename(src, dst)
+            self.client.meta.rename(src, dst)
         except FileNotFoundError:
             if not self.auto_mkdir or not self.exists(src):
                 raise
-            self.makedirs(self._parent(dst), exist_ok=True)
-            self._meta.rename(src, dst)
+            self.makedirs(parent(dst), exist_ok=True)
+            self.client.meta.rename(src, dst)
 
     rename = mv
 
     # opening ---------------------------------------------------------------------
     def _open_handle(self, path: str, flags: int) -> OpenHandle:
-        try:
-            resp = self._meta.open(path, flags)
-        except FileNotFoundError:
-            if not (flags & meta_pb2.OPEN_CREATE and self.auto_mkdir):
-                raise
-            self._meta.mkdir(self._parent(path), parents=True)
-            resp = self._meta.open(path, flags)
-        if resp.attr.type == common_pb2.DIRECTORY:
-            raise is_a_directory(path)
-        return OpenHandle.from_open(path, resp)
+        return self.client.open(path, flags, mkdir=self.auto_mkdir)
 
     def _open(
         self,
@@ -351,21 +309,21 @@ class EmberFileSystem(AbstractFileSystem):
         if truncate:
             flags |= meta_pb2.OPEN_TRUNCATE
         h = self._open_handle(path, flags)
-        self._meta.close_file(h.inode, h.session_id, 0 if truncate else h.size, True, path)
+        self.client.meta.close_file(h.inode, h.session_id, 0 if truncate else h.size, True, path)
 
     def truncate(self, path, length: int) -> None:
         """Set a file's length: cut chunks past it on every replica, or extend with zeros."""
         if length < 0:
             raise OSError(errno.EINVAL, "negative length", path)
-        self._meta.truncate(self._strip_protocol(path), int(length))
-        self.invalidate_cache(self._parent(self._strip_protocol(path)))
+        self.client.meta.truncate(self._strip_protocol(path), int(length))
+        self.invalidate_cache(parent(self._strip_protocol(path)))
 
     # reading and writing -------------------------------------------------------------
     def cat_file(self, path, start=None, end=None, **kwargs) -> bytes:
         """The bytes of ``path`` (all its chunks fetched in parallel into one buffer)."""
         path = self._strip_protocol(path)
         h = self._open_handle(path, meta_pb2.OPEN_READ)
-        return self.chunk_io.read_range(h, start, end)
+        return self.client.files.read_range(h, start, end)
 
     def cat(self, path, recursive=False, on_error="raise", **kwargs):
         """The bytes of one path, or ``{path: bytes}`` of many, all fetched concurrently.
@@ -386,11 +344,11 @@ class EmberFileSystem(AbstractFileSystem):
         ):
             return self.cat_file(paths[0], **kwargs)
         # expand_path gave them stripped
-        return self._batch.cat(paths, kwargs.get("start"), kwargs.get("end"), on_error)
+        return self.transfers.cat(paths, kwargs.get("start"), kwargs.get("end"), on_error)
 
     def cat_ranges(self, paths, starts, ends, max_gap=None, on_error="return", **kwargs) -> list:
         """Byte ranges of files, all fetched concurrently (one ``BatchOpen`` for the files)."""
-        return self._batch.cat_ranges(paths, starts, ends, on_error)
+        return self.transfers.cat_ranges(paths, starts, ends, on_error)
 
     def pipe_file(self, path, value, mode: str = "overwrite", **kwargs) -> None:
         """Write ``value`` as the whole file; ``mode="create"`` refuses an existing path."""
@@ -410,47 +368,20 @@ class EmberFileSystem(AbstractFileSystem):
         if isinstance(path, str):
             self.pipe_file(self._strip_protocol(path), value, mode=mode, **kwargs)
             return
-        self._batch.pipe(path, mode, **kwargs)
+        self.transfers.pipe(path, mode, **kwargs)
 
     # copying, uploading, downloading ----------------------------------------------
     def cp_file(self, path1, path2, **kwargs) -> None:
         """Copy a file by streaming its chunks (reads ahead while writing)."""
-        if not self._planning(path1, path2):
-            self._batch.copy_file(self._strip_protocol(path1), self._strip_protocol(path2))
+        self.transfers.copy_file(self._strip_protocol(path1), self._strip_protocol(path2))
 
     def put_file(self, lpath, rpath, callback=None, mode: str = "overwrite", **kwargs) -> None:
         """Upload one local file (or make the directory for a local directory)."""
-        if not self._planning(lpath, rpath):
-            self._batch.put_file(lpath, self._strip_protocol(rpath), callback, mode)
+        self.transfers.put_file(lpath, self._strip_protocol(rpath), callback, mode)
 
     def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs) -> None:
         """Download one file (or make the local directory for a directory)."""
-        if outfile is not None or not self._planning(rpath, lpath):
-            self._batch.get_file(self._strip_protocol(rpath), lpath, callback, outfile)
-
-    def _planned(self, method: str, *args, **kwargs) -> list[tuple[str, str]]:
-        """The (source, destination) pairs fsspec's ``get``, ``put`` or ``copy`` moves one by one.
-
-        fsspec's own method expands the paths (lists, globs, recursion,
-        trailing slashes, an existing destination directory); while it runs,
-        in this thread, its per-file calls (:meth:`get_file`,
-        :meth:`put_file`, :meth:`cp_file`) only record their pair.
-        """
-        pairs: list[tuple[str, str]] = []
-        self._plan.pairs = pairs
-        try:
-            getattr(super(), method)(*args, **kwargs)
-        finally:
-            self._plan.pairs = None
-        return pairs
-
-    def _planning(self, src, dst) -> bool:
-        """Inside :meth:`_planned` (this thread): record the pair instead of moving it."""
-        pairs = getattr(self._plan, "pairs", None)
-        if pairs is None:
-            return False
-        pairs.append((src, dst))
-        return True
+        self.transfers.get_file(self._strip_protocol(rpath), lpath, callback, outfile)
 
     def get(
         self, rpath, lpath, recursive=False, callback=DEFAULT_CALLBACK, maxdepth=None, **kwargs
@@ -465,8 +396,8 @@ class EmberFileSystem(AbstractFileSystem):
         attempted, then the first failure in fsspec's order is raised.
         ``callback`` counts the paths done.
         """
-        pairs = self._planned("get", rpath, lpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
-        self._batch.get(pairs, callback)
+        pairs = plan.get_pairs(self, rpath, lpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
+        self.transfers.get(pairs, callback)
 
     def copy(self, path1, path2, recursive=False, maxdepth=None, on_error=None, **kwargs):
         """Copy files within EmberFS with fsspec's path rules, many of them together.
@@ -483,8 +414,10 @@ class EmberFileSystem(AbstractFileSystem):
         """
         if on_error is None:
             on_error = "ignore" if recursive else "raise"
-        kwargs.update(recursive=recursive, maxdepth=maxdepth, on_error=on_error)
-        self._batch.copy(self._planned("copy", path1, path2, **kwargs), on_error)
+        pairs = plan.copy_pairs(
+            self, path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs
+        )
+        self.transfers.copy(pairs, on_error)
 
     def put(
         self, lpath, rpath, recursive=False, callback=DEFAULT_CALLBACK, maxdepth=None, **kwargs
@@ -499,5 +432,6 @@ class EmberFileSystem(AbstractFileSystem):
         remote files. Every path is attempted, then the first failure in
         fsspec's order is raised. ``callback`` counts the paths done.
         """
-        pairs = self._planned("put", lpath, rpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
-        self._batch.put(pairs, callback, kwargs.get("mode", "overwrite"))
+        mode = kwargs.pop("mode", "overwrite")
+        pairs = plan.put_pairs(self, lpath, rpath, recursive=recursive, maxdepth=maxdepth, **kwargs)
+        self.transfers.put(pairs, callback, mode)

@@ -80,15 +80,15 @@ class PendingRead:
     :meth:`finish_into` or :meth:`cancel`.
     """
 
-    __slots__ = ("_lanes", "_lane", "chunk", "length", "_state", "_answer")
+    __slots__ = ("_lanes", "lane", "chunk", "length", "state", "answer")
 
     def __init__(self, lanes: ReadLanes, lane: _Lane, chunk: tuple[int, int, int], length: int):
         self._lanes = lanes
-        self._lane = lane
+        self.lane = lane
         self.chunk = chunk  # (inode, index, offset) asked
         self.length = length
-        self._state = _SENT
-        self._answer: tuple | None = None  # (header, meta, crcs, data) when kept
+        self.state = _SENT
+        self.answer: tuple | None = None  # (header, meta, crcs, data) when kept
 
     def finish_into(self, out: memoryview) -> bool:
         """Receive the answer into ``out`` (``length`` bytes); True when it is all there.
@@ -99,39 +99,39 @@ class PendingRead:
         that names another chunk or offset closes the connection. False, with
         ``out`` in any state, when the replica refused, answered with fewer
         bytes (a hole or the chunk's end), failed or sent a bad checksum: the
-        caller then reads the range with :meth:`DataClient.read_chunk
-        <emberfs.client.datapath.DataClient.read_chunk>`, which retries other
+        caller then reads the range with :meth:`DataClient.read
+        <emberfs.client.datapath.DataClient.read>`, which retries other
         replicas.
         """
-        lanes, lane = self._lanes, self._lane
+        lanes, lane = self._lanes, self.lane
         with lane.recv_lock:
             try:
                 while True:
-                    with lanes._lock:
-                        if self._state != _SENT:
+                    with lanes.lock:
+                        if self.state != _SENT:
                             break
-                        if not lanes._is_open(lane):  # the connection broke
+                        if not lanes.is_open(lane):  # the connection broke
                             return False
                         head = lane.queue[0]
                     with lanes.pool.watching(lane.address, lane.sock):
                         answer = self._receive(lane.sock, out if head is self else None)
-                    with lanes._lock:
+                    with lanes.lock:
                         lane.queue.popleft()
                         if head is self:
                             return answer is True
-                        if head._state == _SENT:  # a cancelled read's answer is dropped
-                            head._state, head._answer = _KEPT, answer
-                if self._state == _KEPT:
+                        if head.state == _SENT:  # a cancelled read's answer is dropped
+                            head.state, head.answer = _KEPT, answer
+                if self.state == _KEPT:
                     return self._use(out)
                 return False  # finished or cancelled before
             except (OSError, framing.FrameError, DecodeError):
-                lanes._break(lane)
+                lanes.break_lane(lane)
                 return False
             except BaseException:  # the socket may hold half an answer: nobody may read on
-                lanes._break(lane)
+                lanes.break_lane(lane)
                 raise
             finally:
-                lanes._end(self)
+                lanes.end(self)
 
     def _receive(self, sock: socket.socket, out: memoryview | None):
         """The next answer in the socket: into ``out`` (True/False), or kept whole in memory.
@@ -165,13 +165,13 @@ class PendingRead:
         try:
             framing.verify(out, crcs, block_size)
         except framing.ChecksumError:
-            self._lanes.pool.mark_bad(self._lane.address)
+            self._lanes.pool.mark_bad(self.lane.address)
             return False
         return True
 
     def _use(self, out: memoryview) -> bool:
         """Fill ``out`` from the answer kept in memory."""
-        answer, self._answer = self._answer, None
+        answer, self.answer = self.answer, None
         if answer is None:
             return False
         header, meta, crcs, data = answer
@@ -182,7 +182,7 @@ class PendingRead:
 
     def cancel(self) -> None:
         """Give up on the answer: it is dropped when the connection reaches it."""
-        self._lanes._end(self, cancel=True)
+        self._lanes.end(self, cancel=True)
 
 
 class ReadLanes:
@@ -205,9 +205,14 @@ class ReadLanes:
     ) -> None:
         self.pool = pool
         self._outstanding = outstanding
-        self._lock = lock
+        self.lock = lock
         self._pending: dict[str, int] = defaultdict(int)  # sent reads not yet finished
         self._lanes: dict[str, _Lane] = {}  # the connection of each server's sent reads
+
+    def sent(self) -> int:
+        """Reads sent ahead and not yet finished or cancelled, on every lane."""
+        with self.lock:
+            return sum(self._pending.values())
 
     def send(
         self,
@@ -225,7 +230,7 @@ class ReadLanes:
         fill of sent reads or no free connection for a lane.
         """
         for _ in range(2):  # the lane may retire between finding it and sending on it
-            with self._lock:
+            with self.lock:
                 if self._pending[address] >= self._depth:
                     return None
                 lane = self._lanes.get(address)
@@ -247,7 +252,7 @@ class ReadLanes:
         sock = self.pool.try_acquire(address)
         if sock is None:
             return None
-        with self._lock:
+        with self.lock:
             lane = self._lanes.get(address)
             if lane is None:
                 lane = self._lanes[address] = _Lane(address, sock)
@@ -266,8 +271,8 @@ class ReadLanes:
         """Queue a read on ``lane`` and send its request (one step, so answers keep the order)."""
         address = lane.address
         with lane.send_lock:
-            with self._lock:
-                if not self._is_open(lane) or self._pending[address] >= self._depth:
+            with self.lock:
+                if not self.is_open(lane) or self._pending[address] >= self._depth:
                     return None
                 pending = PendingRead(self, lane, chunk, length)
                 lane.queue.append(pending)
@@ -276,29 +281,29 @@ class ReadLanes:
             try:
                 framing.send_frame(lane.sock, Op.READ, req, None, credential=credential)
             except OSError:
-                self._break(lane)
-                self._end(pending)
+                self.break_lane(lane)
+                self.end(pending)
                 return None
         return pending
 
-    def _is_open(self, lane: _Lane) -> bool:
-        """Whether ``lane`` still takes reads (it is its server's lane; under ``_lock``)."""
+    def is_open(self, lane: _Lane) -> bool:
+        """Whether ``lane`` still takes reads (it is its server's lane; under :attr:`lock`)."""
         return self._lanes.get(lane.address) is lane
 
-    def _end(self, pending: PendingRead, cancel: bool = False) -> None:
+    def end(self, pending: PendingRead, cancel: bool = False) -> None:
         """A sent read is finished or cancelled: count it out, and retire its lane if idle."""
-        lane = pending._lane
-        with self._lock:
-            if pending._state in (_DONE, _CANCELLED):
+        lane = pending.lane
+        with self.lock:
+            if pending.state in (_DONE, _CANCELLED):
                 return
-            if cancel and pending._state == _SENT:
-                pending._state = _CANCELLED  # still in the queue: its answer is dropped later
+            if cancel and pending.state == _SENT:
+                pending.state = _CANCELLED  # still in the queue: its answer is dropped later
             else:
-                pending._state = _DONE
-            pending._answer = None
+                pending.state = _DONE
+            pending.answer = None
             self._outstanding[lane.address] -= 1
             self._pending[lane.address] -= 1
-            if not self._is_open(lane) or any(p._state == _SENT for p in lane.queue):
+            if not self.is_open(lane) or any(p.state == _SENT for p in lane.queue):
                 return
             # nothing left that anybody will receive: retire the lane
             del self._lanes[lane.address]
@@ -308,10 +313,10 @@ class ReadLanes:
         else:  # answers nobody wants are still in the socket
             self.pool.discard(lane.address, lane.sock)
 
-    def _break(self, lane: _Lane) -> None:
+    def break_lane(self, lane: _Lane) -> None:
         """The lane's connection failed: close it; its sent reads fall back to fetches."""
-        with self._lock:
-            if not self._is_open(lane):
+        with self.lock:
+            if not self.is_open(lane):
                 return
             del self._lanes[lane.address]
         self.pool.failed(lane.address)

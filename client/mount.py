@@ -1,14 +1,15 @@
 """EmberFS as a FUSE file system: every program can read and write it through a mount.
 
 :class:`EmberFuse` implements the path operations of libfuse3's high-level
-API (through mfusepy's ctypes bindings) on the fsspec client's pieces: the
-metaserver client for the namespace, :class:`~emberfs.client.chunkio.ChunkIO`
-for chunk reads and writes, and :class:`~emberfs.client.readahead.SharedReadahead`
-for sequential reads that the kernel sends from several threads at once.
+API (bound in :mod:`emberfs.client.fusebind`) on a
+:class:`~emberfs.client.core.Client`: its metaserver client for the namespace,
+the per-inode :class:`~emberfs.client.writer.FileWriter` for writes, and
+:class:`~emberfs.client.readahead.SharedReadahead` for sequential reads that
+the kernel sends from several threads at once.
 
 How it keeps the client's speed and POSIX's rules:
 
-* **One state per open inode** (:class:`_Node`). Every descriptor of a file
+* **One state per open inode** (:class:`OpenNode`). Every descriptor of a file
   open in this mount shares it: the write session, the buffered writes and the
   file's length as this mount's writes made it. A read through any of them
   first sends the buffered writes, so a process reads what it wrote, and
@@ -40,32 +41,32 @@ kernel checks each caller's access against the files' mode bits
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
 import logging
 import os
 import stat
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from emberfs.client.chunkio import ChunkWrites
-from emberfs.client.handles import OpenHandle, stale_session
+from emberfs.client.fusebind import fuse_errors, invalidate_path
+from emberfs.client.handles import OpenHandle
+from emberfs.client.mountcache import AttrCache, Versions, content_version
+from emberfs.client.mountfiles import Descriptor, OpenNode
 from emberfs.client.readahead import SharedReadahead
 from emberfs.proto import common_pb2, meta_pb2
 
+if TYPE_CHECKING:
+    from emberfs.client.core import Client
+
 log = logging.getLogger(__name__)
 
-# errors of a metaserver that cannot be reached (after the client's retries)
-_OUTAGE = frozenset({errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNREFUSED, errno.EHOSTUNREACH})
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 STATFS_BLOCK = 4096
-REMEMBERED_VERSIONS = 65536  # inodes whose cached pages and attributes are remembered
 
 
 @dataclass
@@ -104,297 +105,36 @@ class MountOptions:
     allow_other: bool = False
 
 
-def fuse_errors(method):
-    """Run a FUSE operation; every failure becomes an OSError with the errno FUSE answers.
-
-    The client's errors keep their errno; a metaserver that cannot be reached
-    is EIO; anything else is logged and answered EIO.
-    """
-
-    @functools.wraps(method)
-    def run(self, *args):
-        try:
-            return method(self, *args)
-        except OSError as exc:
-            code = exc.errno if isinstance(exc.errno, int) and exc.errno > 0 else errno.EIO
-            if code in _OUTAGE:
-                log.warning("%s: the metaserver cannot be reached: %s", method.__name__, exc)
-                code = errno.EIO
-            elif code == errno.EIO:
-                log.warning("%s%r: %s", method.__name__, args[:1], exc)
-            raise OSError(code, os.strerror(code)) from None
-        except Exception:
-            log.exception("%s%r failed", method.__name__, args[:1])
-            raise OSError(errno.EIO, os.strerror(errno.EIO)) from None
-
-    return run
-
-
-def _version(attr: common_pb2.InodeAttr) -> tuple[int, int, int]:
-    """What changes whenever a file's bytes may have: size, mtime and ctime."""
-    return attr.size, attr.mtime_ns, attr.ctime_ns
-
-
-class _Versions:
-    """The attributes last given out per inode, bounded (oldest forgotten first)."""
-
-    def __init__(self, limit: int = REMEMBERED_VERSIONS) -> None:
-        self._map: OrderedDict[int, tuple] = OrderedDict()
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def get(self, inode: int):
-        with self._lock:
-            return self._map.get(inode)
-
-    def put(self, inode: int, version: tuple) -> None:
-        with self._lock:
-            self._map[inode] = version
-            self._map.move_to_end(inode)
-            while len(self._map) > self._limit:
-                self._map.popitem(last=False)
-
-    def forget(self, inode: int) -> None:
-        with self._lock:
-            self._map.pop(inode, None)
-
-
-class _AttrCache:
-    """Attributes by path for ``ttl`` seconds: what a listing or a lookup returned."""
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self._map: dict[str, tuple[float, common_pb2.InodeAttr]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, path: str) -> common_pb2.InodeAttr | None:
-        if self.ttl <= 0:
-            return None
-        with self._lock:
-            hit = self._map.get(path)
-            if hit is None:
-                return None
-            if hit[0] < time.monotonic():
-                del self._map[path]
-                return None
-            return hit[1]
-
-    def put(self, path: str, attr: common_pb2.InodeAttr) -> None:
-        if self.ttl <= 0:
-            return
-        with self._lock:
-            if len(self._map) > 100_000:
-                self._map.clear()
-            self._map[path] = (time.monotonic() + self.ttl, attr)
-
-    def drop(self, *paths: str) -> None:
-        with self._lock:
-            for p in paths:
-                self._map.pop(p, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._map.clear()
-
-
-class _Node:
-    """An inode open in this mount: shared by all its descriptors.
-
-    ``handle`` is the open file as the metaserver described it, its
-    ``attr.size`` kept at the length this mount's writes made (``size``).
-    Buffered writes are one contiguous run (``_pending`` at ``_pending_at``)
-    that goes out when it reaches a chunk boundary or stops being contiguous.
-    """
-
-    def __init__(self, mount: EmberFuse, handle: OpenHandle) -> None:
-        self.mount = mount
-        self.handle = handle
-        self.inode = handle.inode
-        self.lock = threading.RLock()
-        self.opens = 0
-        self.writers = 0
-        self.readers: set[SharedReadahead] = set()
-        self._pending = bytearray()
-        self._pending_at = 0
-        self._writes = ChunkWrites(mount.fs.chunk_io, handle, mount.fs.write_depth, handle.path)
-        self.dirty = False  # written since the last Sync or Close
-        self.gone = False  # its last descriptor closed: no longer in the mount's table
-
-    @property
-    def size(self) -> int:
-        return self.handle.attr.size
-
-    def _set_size(self, size: int) -> None:
-        self.handle.attr.size = size
-        for r in self.readers:
-            r.resize(size)
-
-    # writing -------------------------------------------------------------------
-    def write(self, path: str | None, offset: int, data: memoryview) -> int:
-        with self.lock:
-            self._check()
-            if offset > self.size:
-                self._grow_to(path, offset)
-            cs = self.handle.chunk_size
-            n = len(data)
-            if self._pending and offset != self._pending_at + len(self._pending):
-                self._send_pending()
-            if not self._pending:
-                self._pending_at = offset
-            pos = 0
-            while pos < n:
-                boundary = ((self._pending_at + len(self._pending)) // cs + 1) * cs
-                take = min(n - pos, boundary - self._pending_at - len(self._pending))
-                self._pending += data[pos : pos + take]
-                pos += take
-                if self._pending_at + len(self._pending) == boundary:
-                    self._send_pending()
-                    self._pending_at = boundary
-            end = offset + n
-            self.dirty = True
-            self._set_size(max(self.size, end))  # readers forget blocks this write changed
-            return n
-
-    def _check(self) -> None:
-        if self._writes.failed is not None:
-            raise self._writes.failed
-        if self.handle.expired:
-            raise stale_session(self.handle.path)
-        if not self.handle.session_id:
-            raise OSError(errno.EBADF, "the file is not open for writing")
-
-    def _send_pending(self) -> None:
-        if not self._pending:
-            return
-        data, self._pending = self._pending, bytearray()
-        at = self._pending_at
-        self._pending_at += len(data)
-        self._writes.send(at, data)
-
-    def flush_writes(self) -> None:
-        """Send the buffered writes and wait until the chains hold all of them."""
-        with self.lock:
-            try:
-                self._send_pending()
-                self._writes.wait_all()
-            except BaseException:
-                self._writes.abandon()
-                raise
-            if self._writes.failed is not None:
-                raise self._writes.failed
-
-    def sync(self) -> None:
-        """Make every write durable and the length exact on the metaserver (fsync, close(2))."""
-        with self.lock:
-            if not self.handle.session_id:
-                return
-            self.flush_writes()
-            if not self.dirty:
-                return
-            self._check()
-            attr = self.mount.meta.sync(self.inode, self.handle.session_id, self.size)
-            self._learn(attr)
-            self.dirty = False
-
-    def _learn(self, attr: common_pb2.InodeAttr) -> None:
-        """New attributes from the metaserver (the local length still counts)."""
-        # writes the metaserver has no length for yet (buffered, in flight, or not synced)
-        unsynced = self._pending or self._writes or self.dirty
-        size = max(self.size, attr.size) if unsynced else attr.size
-        self.handle.attr.CopyFrom(attr)
-        self._set_size(size)
-
-    def _grow_to(self, path: str | None, offset: int) -> None:
-        """Record ``[size, offset)`` as a hole before a write at ``offset`` past the end."""
-        self.sync()
-        attr = self.mount.meta.truncate(path or self.handle.path, offset, inode=self.inode)
-        self._learn(attr)
-
-    def truncate(self, path: str | None, length: int) -> common_pb2.InodeAttr:
-        with self.lock:
-            if self.handle.session_id:
-                self.sync()
-            attr = self.mount.meta.truncate(path or self.handle.path, length, inode=self.inode)
-            self._learn(attr)
-            return attr
-
-    def set_times(self, path: str, mtime_ns: int) -> common_pb2.InodeAttr:
-        """Set the mtime after the writes before it, so a later Close keeps it."""
-        with self.lock:
-            self.sync()
-            attr = self.mount.meta.setattr(path, mtime_ns=mtime_ns, no_follow=True)
-            self._learn(attr)
-            return attr
-
-    def close_session(self) -> common_pb2.InodeAttr | None:
-        """End the write session (the last writer's release)."""
-        with self.lock:
-            h = self.handle
-            if not h.session_id:
-                return None
-            error: BaseException | None = None
-            try:
-                self.flush_writes()
-            except BaseException as exc:
-                error = exc
-            try:
-                attr = self.mount.meta.close_file(
-                    h.inode,
-                    h.session_id,
-                    self.size,
-                    wrote=self.dirty and error is None,
-                    path=h.path,
-                )
-            finally:
-                self.mount.fs.sessions.unregister(h)
-                h.session_id = 0
-                self.dirty = False
-            if error is not None:
-                raise error
-            self._learn(attr)
-            return attr
-
-
-class _Handle:
-    """One open descriptor: its node, how it was opened, and its readahead."""
-
-    __slots__ = ("node", "write", "readahead")
-
-    def __init__(self, node: _Node, write: bool, readahead: SharedReadahead) -> None:
-        self.node = node
-        self.write = write
-        self.readahead = readahead
-
-
 class EmberFuse:
-    """The FUSE operations of a mount, on one :class:`~emberfs.client.fs.EmberFileSystem`.
+    """The FUSE operations of a mount, on one :class:`~emberfs.client.core.Client`.
 
     Parameters
     ----------
-    fs : EmberFileSystem
-        Made with ``auto_mkdir=False``; its ``retry_timeout`` decides how long
-        a metaserver call keeps trying (see :class:`MountOptions`).
+    client : Client
+        Its options' ``retry_timeout`` decides how long a metaserver call
+        keeps trying (see :class:`MountOptions`).
     options : MountOptions
     """
 
     use_ns = True  # times in nanoseconds
 
-    def __init__(self, fs, options: MountOptions) -> None:
-        self.fs = fs
+    def __init__(self, client: Client, options: MountOptions) -> None:
+        self.client = client
         self.options = options
-        self.attrs = _AttrCache(options.attr_timeout)
-        self._nodes: dict[int, _Node] = {}
+        self.attrs = AttrCache(options.attr_timeout)
+        self._nodes: dict[int, OpenNode] = {}
         self._nodes_lock = threading.Lock()
-        self._handles: dict[int, _Handle] = {}
+        self._handles: dict[int, Descriptor] = {}
         self._next_fh = 1
-        self._pages = _Versions()  # version of the pages the kernel may hold per inode
-        self._recent = _Versions()  # attributes of files last closed or changed here
-        self._told = _Versions()  # version of the attributes the kernel was last given
+        self._pages = Versions()  # version of the pages the kernel may hold per inode
+        self._recent = Versions()  # attributes of files last closed or changed here
+        self._told = Versions()  # version of the attributes the kernel was last given
         self.ready = threading.Event()
 
     @property
     def meta(self):
-        return self.fs._meta
+        """The metaserver client of this process."""
+        return self.client.meta
 
     # set-up ------------------------------------------------------------------------
     def init_with_config(self, conn, config) -> None:
@@ -495,7 +235,7 @@ class EmberFuse:
         out = [(".", {"st_mode": stat.S_IFDIR, "st_ino": here}, 0)]
         out.append(("..", {"st_mode": stat.S_IFDIR, "st_ino": 1}, 0))
         base = "" if path == "/" else path
-        for entry in self.meta.list(path, page=self.fs.list_page):
+        for entry in self.meta.list(path, page=self.client.options.list_page):
             self.attrs.put(f"{base}/{entry.name}", entry.attr)
             mode = self._stat_dict(entry.attr)["st_mode"]
             out.append((entry.name, {"st_mode": mode, "st_ino": entry.attr.inode}, 0))
@@ -602,7 +342,7 @@ class EmberFuse:
             mtime_ns = time.time_ns() if ts.tv_nsec == UTIME_NOW else ts.tv_sec * 10**9 + ts.tv_nsec
         return self._utimens(path, mtime_ns)
 
-    utimens = utimens_raw  # what libfuse's utimens callback calls (see _fuse_class)
+    utimens = utimens_raw  # what libfuse's utimens callback calls (see fusebind)
 
     @fuse_errors
     def _utimens(self, path: str, mtime_ns: int) -> int:
@@ -621,7 +361,7 @@ class EmberFuse:
         node = self._nodes.get(attr.inode)
         if node is not None:
             with node.lock:
-                node._learn(attr)
+                node.learn(attr)
 
     @fuse_errors
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
@@ -637,7 +377,7 @@ class EmberFuse:
         if path is not None:
             self.attrs.put(path, attr)
         self._recent.put(attr.inode, attr)
-        self._pages.put(attr.inode, _version(attr))  # the kernel cut its pages itself
+        self._pages.put(attr.inode, content_version(attr))  # the kernel cut its pages itself
         return 0
 
     # open files ---------------------------------------------------------------------
@@ -651,7 +391,7 @@ class EmberFuse:
             self._writable()
         return out
 
-    def _node_for(self, inode: int) -> _Node | None:
+    def _node_for(self, inode: int) -> OpenNode | None:
         """The node of ``inode`` open here, locked, or None; the caller releases its lock."""
         while True:
             with self._nodes_lock:
@@ -663,22 +403,22 @@ class EmberFuse:
                 return node
             node.lock.release()  # its last descriptor closed meanwhile: look again
 
-    def _add_handle(self, node: _Node, write: bool) -> int:
+    def _add_handle(self, node: OpenNode, write: bool) -> int:
         """A descriptor of ``node`` (whose lock the caller holds)."""
         node.opens += 1
         node.writers += write
         readahead = SharedReadahead(
-            self.fs.chunk_io.reader(node.handle),
-            node.handle.chunk_size or self.fs.default_block_size,
+            self.client.files.reader(node.handle),
+            node.handle.chunk_size or self.client.options.default_block_size,
             node.size,
-            self.fs.readahead_depth,
+            self.client.options.readahead_depth,
             window=0 if self.options.direct_io else self.options.readahead_kb * 1024,
         )
         node.readers.add(readahead)
         with self._nodes_lock:
             fh = self._next_fh
             self._next_fh += 1
-            self._handles[fh] = _Handle(node, write, readahead)
+            self._handles[fh] = Descriptor(node, write, readahead)
         return fh
 
     def _opened(self, path: str, resp, write: bool, fi) -> int:
@@ -695,20 +435,18 @@ class EmberFuse:
             with self._nodes_lock:
                 node = self._nodes.get(attr.inode)
                 if node is None:
-                    node = self._nodes[attr.inode] = _Node(self, OpenHandle.from_open(path, resp))
+                    node = self._nodes[attr.inode] = OpenNode(
+                        self.client, OpenHandle.from_open(path, resp)
+                    )
                     fresh = True
             node.lock.acquire()
-            if fresh and resp.session_id:
-                self.fs.sessions.register(node.handle)
         try:
             if not fresh:
                 if resp.session_id and not node.handle.session_id:
-                    node.handle.session_id = resp.session_id
-                    node.handle.expired = False
-                    self.fs.sessions.register(node.handle)
+                    node.adopt(resp.session_id)
                 elif resp.session_id:  # the node has a session already: end the new one
                     self.meta.close_file(attr.inode, resp.session_id, 0, wrote=False, path=path)
-                node._learn(attr)
+                node.learn(attr)
             fh = self._add_handle(node, write)
             self._cache_policy(path, node, fresh, fi)
         finally:
@@ -716,12 +454,12 @@ class EmberFuse:
         fi.fh = fh
         return 0
 
-    def _cache_policy(self, path: str, node: _Node, fresh: bool, fi) -> None:
+    def _cache_policy(self, path: str, node: OpenNode, fresh: bool, fi) -> None:
         """Keep the kernel's pages of an unchanged file; drop stale pages and attributes."""
         if self.options.direct_io:
             fi.direct_io = 1
             return
-        version = _version(node.handle.attr)
+        version = content_version(node.handle.attr)
         if not fresh:  # open here already: the kernel's pages are this mount's writes
             fi.keep_cache = 1
             return
@@ -734,9 +472,7 @@ class EmberFuse:
 
     def _invalidate(self, path: str) -> None:
         """Make the kernel forget what it holds of ``path``'s attributes."""
-        ctx = _libfuse_context()
-        if ctx is not None:
-            _LIB.fuse_invalidate_path(ctx.fuse, path.encode("utf-8", "surrogateescape"))
+        invalidate_path(path)
 
     @fuse_errors
     def open(self, path: str, fi) -> int:
@@ -769,7 +505,7 @@ class EmberFuse:
         resp = self.meta.open(path, flags, mode=mode & 0o7777)
         return self._opened(path, resp, (fi.flags & os.O_ACCMODE) != os.O_RDONLY, fi)
 
-    def _handle(self, fh) -> _Handle:
+    def _handle(self, fh) -> Descriptor:
         handle = self._handles.get(fh)
         if handle is None:
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
@@ -780,11 +516,11 @@ class EmberFuse:
         handle = self._handle(fh)
         node = handle.node
         with node.lock:  # every write is sent and acknowledged under it
-            if node._pending or node._writes:
-                node.flush_writes()  # read what was written
+            if node.writer.busy:
+                node.writer.flush()  # read what was written
         return handle.readahead.readinto(offset, out)
 
-    read = readinto  # what libfuse's read callback calls (see _fuse_class)
+    read = readinto  # what libfuse's read callback calls (see fusebind)
 
     @fuse_errors
     def write(self, path, data: memoryview, offset: int, fh: int) -> int:
@@ -825,8 +561,8 @@ class EmberFuse:
                     attr = node.close_session()
                     # before the node leaves the table: what getattr answers from then on
                     self._recent.put(attr.inode, attr)
-                    self._pages.put(attr.inode, _version(attr))
-                    self._told.put(attr.inode, _version(attr))
+                    self._pages.put(attr.inode, content_version(attr))
+                    self._told.put(attr.inode, content_version(attr))
             finally:
                 if node.opens == 0:
                     node.gone = True
@@ -834,85 +570,3 @@ class EmberFuse:
                         if self._nodes.get(node.inode) is node:
                             del self._nodes[node.inode]
         return 0
-
-
-def _fuse_class():
-    """mfusepy's ``FUSE`` with the callbacks a fast mount needs (imported on first use).
-
-    Reads land straight in libfuse's reply buffer and writes are taken from its
-    request buffer (no bytes objects in between); ``open`` and ``create`` get
-    the ``fuse_file_info`` (``keep_cache``, ``direct_io``); ``truncate``,
-    ``rename`` and ``utimens`` keep the descriptor, the flags and the raw times
-    that mfusepy's defaults drop.
-    """
-    import mfusepy
-
-    class _Fuse(mfusepy.FUSE):
-        def _path(self, path):
-            return None if path is None else path.decode(self.encoding, self.errors)
-
-        def open(self, path, fip):
-            return self.operations.open(self._path(path), fip.contents)
-
-        def create(self, path, mode, fip):
-            return self.operations.create(self._path(path), mode, fip.contents)
-
-        def read(self, path, buf, size, offset, fip):
-            addr = ctypes.cast(buf, ctypes.c_void_p).value
-            view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
-            return self.operations.readinto(self._path(path), view, offset, fip.contents.fh)
-
-        def write(self, path, buf, size, offset, fip):
-            addr = ctypes.cast(buf, ctypes.c_void_p).value
-            view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
-            return self.operations.write(self._path(path), view, offset, fip.contents.fh)
-
-        def truncate_fuse_3(self, path, length, fip):
-            fh = fip.contents.fh if fip else None
-            return self.operations.truncate(self._path(path), length, fh)
-
-        def rename_fuse_3(self, old, new, flags):
-            return self.operations.rename(self._path(old), self._path(new), flags)
-
-        def utimens_fuse_3(self, path, buf, fip):
-            times = (buf.contents.actime, buf.contents.modtime) if buf else None
-            return self.operations.utimens_raw(self._path(path), times)
-
-    return _Fuse
-
-
-def serve(operations: EmberFuse, mountpoint: str, *, debug: bool = False, fsname: str = "emberfs"):
-    """Mount ``operations`` at ``mountpoint`` and serve requests until it is unmounted.
-
-    Runs in the foreground (the caller daemonises first); SIGINT, SIGTERM and
-    SIGHUP unmount. Raises RuntimeError when libfuse fails to mount.
-    """
-    options = operations.options
-    kwargs = {
-        "foreground": True,
-        "debug": debug,
-        "fsname": fsname.replace("\\", "\\\\").replace(",", "\\,"),  # -o splits at commas
-        "subtype": "emberfs",
-        "default_permissions": True,
-    }
-    if options.read_only:
-        kwargs["ro"] = True
-    if options.allow_other:
-        kwargs["allow_other"] = True
-    _fuse_class()(operations, mountpoint, **kwargs)
-
-
-_LIB = None
-
-
-def _libfuse_context():
-    """The ``fuse_context`` of the request this thread serves (None outside one)."""
-    import mfusepy
-
-    global _LIB
-    if _LIB is None:
-        _LIB = mfusepy._libfuse
-        _LIB.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        _LIB.fuse_invalidate_path.restype = ctypes.c_int
-    ctx = _LIB.fuse_get_context()
-    return ctx.contents if ctx else None

@@ -2,7 +2,7 @@
 
 A gRPC channel, data connections and a thread pool cannot cross ``os.fork``
 (PyTorch DataLoader workers fork with the filesystem in hand).
-:class:`Runtime` holds all of them, built from the filesystem's options;
+:class:`Runtime` holds all of them, built from a client's options;
 :class:`ProcessRuntime` hands every caller the runtime of its own process,
 building one on first use and again in a forked child, where the parent's is
 forgotten, never used or closed.
@@ -26,7 +26,7 @@ from emberfs.common import wire
 from emberfs.common.stalls import live_addresses
 
 if TYPE_CHECKING:
-    from emberfs.client.fs import EmberFileSystem
+    from emberfs.client.core import Client
 
 
 class Runtime:
@@ -34,29 +34,31 @@ class Runtime:
 
     Parameters
     ----------
-    fs : EmberFileSystem
-        Whose options (timeouts, connections, workers, depths) it is built with.
+    client : Client
+        Whose address, identity and options (timeouts, connections, workers,
+        depths) it is built with.
     """
 
-    def __init__(self, fs: EmberFileSystem) -> None:
+    def __init__(self, client: Client) -> None:
+        opts = client.options
         self.pid = os.getpid()
         self.ids = RequestIds()
         self.meta = MetaClient(
-            fs.meta,
-            timeout=fs.rpc_timeout,
-            retry_timeout=fs.retry_timeout,
+            client.address,
+            timeout=opts.rpc_timeout,
+            retry_timeout=opts.retry_timeout,
             ids=self.ids,
-            token=fs.token,
-            tls_ca=fs.tls_ca,
+            token=client.token,
+            tls_ca=client.tls_ca,
         )
         routing = self.routing = RoutingCache(self.meta.routing)
         self.pool = wire.ConnectionPool(
-            connect_timeout=fs.connect_timeout,
-            io_timeout=fs.io_timeout,
-            max_per_address=fs.max_connections,
+            connect_timeout=opts.connect_timeout,
+            io_timeout=opts.io_timeout,
+            max_per_address=opts.max_connections,
             # the servers the metaserver counts as up now (asked while a transfer stalls)
             live=lambda: live_addresses(routing.refresh(routing.get()).targets.values()),
-            stall_check=fs.stall_check,
+            stall_check=opts.stall_check,
         )
         # replicas found without data another replica served, reported for repair
         self.lacking = LackingReplicas(partial(self.meta.cluster, "ReportLostChunk"))
@@ -64,16 +66,16 @@ class Runtime:
             self.routing,
             self.ids,
             self.pool,
-            read_timeout=fs.read_timeout,
-            write_timeout=fs.write_timeout,
+            read_timeout=opts.read_timeout,
+            write_timeout=opts.write_timeout,
             on_lacking=self.lacking,
             capabilities=self.meta.capabilities,
         )
-        self.executor = ThreadPoolExecutor(fs.max_workers, thread_name_prefix="emberfs-io")
+        self.executor = ThreadPoolExecutor(opts.max_workers, thread_name_prefix="emberfs-io")
         # readahead block buffers, reused so a long read does not fault in fresh memory
-        self.blocks = BlockPool((fs.readahead_depth + 2) * fs.default_block_size)
+        self.blocks = BlockPool((opts.readahead_depth + 2) * opts.default_block_size)
         # write-session lease renewal; its thread starts with the first open for write
-        self.leases = SessionLeases(self.meta.renew_sessions, fs.session_renew_interval)
+        self.leases = SessionLeases(self.meta.renew_sessions, opts.session_renew_interval)
 
     def close(self) -> None:
         """Release it all (in a forked child: only forget the parent's channel)."""
@@ -93,12 +95,12 @@ class ProcessRuntime:
 
     Parameters
     ----------
-    fs : EmberFileSystem
-        The filesystem whose options a runtime is built with, when it is built.
+    client : Client
+        The client a runtime is built for, when it is built.
     """
 
-    def __init__(self, fs: EmberFileSystem) -> None:
-        self._fs = fs
+    def __init__(self, client: Client) -> None:
+        self._client = client
         self._rt: Runtime | None = None
         self._lock = threading.Lock()
         self._lock_pid = os.getpid()
@@ -118,7 +120,7 @@ class ProcessRuntime:
             if rt is None or rt.pid != pid:
                 if rt is not None:
                     rt.close()  # in a child: only forgets the parent's objects
-                rt = self._rt = Runtime(self._fs)
+                rt = self._rt = Runtime(self._client)
             return rt
 
     def current(self) -> Runtime | None:

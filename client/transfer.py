@@ -9,7 +9,7 @@ metaserver call and keeps every chunk of many files in flight at once.
 * ``pipe`` of many files opens them with one ``BatchWriteOpen``, writes every
   chunk at once and ends every write session with one ``BatchClose``;
 * ``get``, ``put`` and ``copy`` take the (source, destination) pairs that
-  fsspec's path rules gave (see ``EmberFileSystem._planned``), make the
+  fsspec's path rules gave (:mod:`emberfs.client.plan`), make the
   directories first, move files of at most ``default_block_size`` bytes in
   groups (:func:`groups`: up to 1000 files and :data:`GROUP_BYTES`) as the
   calls above do, and stream larger files one after the other.
@@ -33,12 +33,13 @@ from emberfs.client.buffers import as_bytes
 from emberfs.client.chunkio import wait_all
 from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, is_a_directory, stale_session
-from emberfs.client.meta import BATCH_OPEN, MetaClient
+from emberfs.client.meta import BATCH_OPEN
+from emberfs.client.paths import parent, strip_protocol
 from emberfs.proto import common_pb2, meta_pb2
 
 if TYPE_CHECKING:
+    from emberfs.client.core import Client
     from emberfs.client.fs import EmberFileSystem
-    from emberfs.client.runtime import ProcessRuntime
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +49,17 @@ class BatchTransfer:
 
     Parameters
     ----------
+    client : Client
+        Whose metaserver client, file I/O and write sessions it uses.
     fs : EmberFileSystem
-        Whose options, files and chunk I/O it uses.
-    runtime : ProcessRuntime
-        Gives the metaserver client of the calling process.
+        The filesystem it serves: files too large to move in groups are
+        streamed through its ``open``; its ``auto_mkdir`` and
+        ``default_block_size`` apply.
     """
 
-    def __init__(self, fs: EmberFileSystem, runtime: ProcessRuntime) -> None:
+    def __init__(self, client: Client, fs: EmberFileSystem) -> None:
+        self.client = client
         self.fs = fs
-        self._runtime = runtime
-
-    @property
-    def _meta(self) -> MetaClient:
-        return self._runtime.get().meta
 
     # reading many files ------------------------------------------------------------
     def _read_handles(self, paths: list[str]) -> dict[str, OpenHandle | OSError]:
@@ -71,7 +70,7 @@ class BatchTransfer:
         """
         unique = list(dict.fromkeys(paths))
         out: dict[str, OpenHandle | OSError] = {}
-        for path, got in zip(unique, self._meta.batch_open(unique), strict=True):
+        for path, got in zip(unique, self.client.meta.batch_open(unique), strict=True):
             if isinstance(got, OSError):
                 out[path] = got
             elif got.type == common_pb2.DIRECTORY:
@@ -102,7 +101,7 @@ class BatchTransfer:
             ends = [ends] * len(paths)
         if len(starts) != len(paths) or len(ends) != len(paths):
             raise ValueError("paths, starts and ends must have the same length")
-        stripped = [self.fs._strip_protocol(p) for p in paths]
+        stripped = [strip_protocol(p) for p in paths]
         return self._fetch_ranges(stripped, starts, ends, on_error)
 
     def _fetch_ranges(self, stripped: list[str], starts, ends, on_error="return") -> list:
@@ -112,7 +111,7 @@ class BatchTransfer:
             for p in stripped:
                 if isinstance(handles[p], OSError):
                     raise handles[p]  # before any read starts
-        jobs = self.fs.chunk_io.start_reads([handles[p] for p in stripped], starts, ends)
+        jobs = self.client.files.start_reads([handles[p] for p in stripped], starts, ends)
         out = []
         for err, buf, futures in jobs:
             if err is not None:
@@ -135,7 +134,7 @@ class BatchTransfer:
         """
         for group in groups(small, lambda item: item[1].size):
             n = len(group)
-            jobs = self.fs.chunk_io.start_reads([h for _, h in group], [None] * n, [None] * n)
+            jobs = self.client.files.start_reads([h for _, h in group], [None] * n, [None] * n)
             out = []
             for (i, h), (_, buf, futures) in zip(group, jobs, strict=True):
                 try:
@@ -151,7 +150,7 @@ class BatchTransfer:
         if not isinstance(values, dict):
             raise ValueError("path must be str or dict")
         # one write per file: of keys naming the same file the last wins, as in a loop
-        items = {self.fs._strip_protocol(k): v for k, v in values.items()}
+        items = {strip_protocol(k): v for k, v in values.items()}
         if len(items) <= 1:
             for k, v in items.items():
                 self.fs.pipe_file(k, v, mode=mode, **kwargs)
@@ -169,26 +168,26 @@ class BatchTransfer:
         those paths opened again in one more call.
         """
         got: dict[str, meta_pb2.OpenResponse | OSError] = dict(
-            zip(paths, self._meta.batch_write_open(paths, flags), strict=True)
+            zip(paths, self.client.meta.batch_write_open(paths, flags), strict=True)
         )
         missing = [p for p, g in got.items() if isinstance(g, FileNotFoundError)]
         if missing and self.fs.auto_mkdir:
             retry = []
             made: dict[str, OSError | None] = {}
             for p in missing:
-                parent = self.fs._parent(p)
-                if parent not in made:
+                up = parent(p)
+                if up not in made:
                     try:
-                        self._meta.mkdir(parent, parents=True)
-                        made[parent] = None
+                        self.client.meta.mkdir(up, parents=True)
+                        made[up] = None
                     except OSError as exc:
-                        made[parent] = exc
-                if made[parent] is None:
+                        made[up] = exc
+                if made[up] is None:
                     retry.append(p)
                 else:
-                    got[p] = made[parent]  # what a single open would raise
+                    got[p] = made[up]  # what a single open would raise
             if retry:
-                got.update(zip(retry, self._meta.batch_write_open(retry, flags), strict=True))
+                got.update(zip(retry, self.client.meta.batch_write_open(retry, flags), strict=True))
         return {
             p: g if isinstance(g, OSError) else OpenHandle.from_open(p, g) for p, g in got.items()
         }
@@ -198,7 +197,7 @@ class BatchTransfer:
 
         One ``BatchWriteOpen`` (per 1000), every chunk of every file at once
         (the chunks bound for one chain in write batches,
-        :meth:`~emberfs.client.chunkio.ChunkIO.submit_files`), then one
+        :meth:`~emberfs.client.fileio.FileIO.submit_files`), then one
         ``BatchClose`` with the exact lengths. A file this call created whose
         writes or close failed is removed again (one ``BatchRemove``); an
         existing file whose writes failed keeps the length it was opened with,
@@ -213,11 +212,11 @@ class BatchTransfer:
             p: h for p, h in handles.items() if isinstance(h, OSError)
         }
         opened = {p: h for p, h in handles.items() if not isinstance(h, OSError)}
-        sessions = self.fs.sessions
+        sessions = self.client.sessions
         try:
             for h in opened.values():
                 sessions.register(h)
-            started = self.fs.chunk_io.submit_files(
+            started = self.client.files.submit_files(
                 [(h, memoryview(datas[p])) for p, h in opened.items()]
             )
             writes = dict(zip(opened, started, strict=True))
@@ -262,7 +261,9 @@ class BatchTransfer:
         if not handles:
             return
         try:
-            self._meta.batch_remove([h.path for h in handles], inodes=[h.inode for h in handles])
+            self.client.meta.batch_remove(
+                [h.path for h in handles], inodes=[h.inode for h in handles]
+            )
         except OSError as exc:
             log.warning("could not remove %d files whose writes failed: %s", len(handles), exc)
 
@@ -272,7 +273,7 @@ class BatchTransfer:
         if not pairs:
             return
         callback.set_size(len(pairs))
-        stripped = [self.fs._strip_protocol(r) for r, _ in pairs]
+        stripped = [strip_protocol(r) for r, _ in pairs]
         handles = self._read_handles(stripped)
         failed, small, big = self._split_sources(
             [handles[p] for p in stripped], lambda i: os.makedirs(pairs[i][1], exist_ok=True)
@@ -309,8 +310,8 @@ class BatchTransfer:
         ``on_error="ignore"`` skips sources that are missing
         (FileNotFoundError); any other failure is raised.
         """
-        sources = [self.fs._strip_protocol(a) for a, _ in pairs]
-        targets = [self.fs._strip_protocol(b) for _, b in pairs]
+        sources = [strip_protocol(a) for a, _ in pairs]
+        targets = [strip_protocol(b) for _, b in pairs]
         handles = self._read_handles(sources) if pairs else {}
         failed, small, big = self._split_sources(
             [handles[p] for p in sources], lambda i: self.fs.makedirs(targets[i], exist_ok=True)
@@ -346,7 +347,7 @@ class BatchTransfer:
         failed: dict[int, OSError] = {}
         small, big = [], []
         for i, (local, r) in enumerate(pairs):
-            r = self.fs._strip_protocol(r)
+            r = strip_protocol(r)
             try:
                 if os.path.isdir(local):
                     self.fs.makedirs(r, exist_ok=True)

@@ -85,7 +85,7 @@ def wait_until_no_leader(url: str, timeout: float = 15.0) -> None:
 
 
 def hardlink(fs: EmberFileSystem, src: str, dst: str) -> None:
-    meta = fs._meta
+    meta = fs.client.meta
     meta.meta("Hardlink", meta_pb2.HardlinkRequest(ctx=meta.context(), src=src, dst=dst), dst)
 
 
@@ -103,9 +103,9 @@ def fill(fs: EmberFileSystem, alice: EmberFileSystem) -> dict[str, bytes]:
     fs.pipe(files)
     hardlink(fs, "/data/a/big.bin", "/data/link.bin")
     files["/data/link.bin"] = files["/data/a/big.bin"]
-    fs._meta.symlink("/data/sym", "/data/a/b/small.txt")
+    fs.client.meta.symlink("/data/sym", "/data/a/b/small.txt")
     fs.makedirs("/home/alice")
-    fs._meta.setattr("/home/alice", uid=1000, gid=1000, mode=0o700)
+    fs.client.meta.setattr("/home/alice", uid=1000, gid=1000, mode=0o700)
     files["/home/alice/notes.txt"] = b"alice's notes\n" * 1000
     alice.pipe_file("/home/alice/notes.txt", files["/home/alice/notes.txt"])
     return files
@@ -144,7 +144,7 @@ def test_a_cluster_moves_from_rocksdb_to_etcd_and_back(private_cluster, etcd_url
     try:
         files = fill(fs, alice)
         # alice may neither list nor write /data (root's, mode 700)
-        fs._meta.setattr("/data", mode=0o700)
+        fs.client.meta.setattr("/data", mode=0o700)
         before = {"tree": snapshot(fs), "statfs": fs.statfs()}
         assert before["statfs"]["files"] == len(files) - 1  # the hardlink is one file
 

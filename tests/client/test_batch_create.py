@@ -47,7 +47,7 @@ def open_sessions(cluster) -> set[tuple[int, int]]:
 
 def listing(fs: EmberFileSystem, path: str) -> list[tuple[str, int]]:
     """``(name, inode)`` of every entry of directory ``path``, as the metaserver lists them."""
-    return [(e.name, e.attr.inode) for e in fs._meta.list(path)]
+    return [(e.name, e.attr.inode) for e in fs.client.meta.list(path)]
 
 
 def without_capabilities(resp: meta_pb2.BatchWriteOpenResponse) -> meta_pb2.BatchWriteOpenResponse:
@@ -74,7 +74,7 @@ def shared(fs, base, cluster):
     ok, protected = f"{base}/ok", f"{base}/protected"
     fs.makedirs(ok)
     fs.makedirs(protected)  # root's, 0755: others may search it, not add to it
-    fs._meta.setattr(ok, uid=uid, gid=uid)
+    fs.client.meta.setattr(ok, uid=uid, gid=uid)
     old = {f"{ok}/old0": b"old bytes 0", f"{ok}/old1": os.urandom(5000)}
     fs.pipe(old)
     user = user_fs(cluster, uid, f"batch-{uuid.uuid4().hex[:12]}")
@@ -99,7 +99,7 @@ def test_batch_write_open_reports_each_failure_for_its_path(fs, cluster, shared)
         f"{ok}/new2",
     ]
     valid = [f"{ok}/new0", f"{ok}/new1", f"{ok}/new2"]
-    got = dict(zip(paths, user._meta.batch_write_open(paths, CREATE_EXCLUSIVE), strict=True))
+    got = dict(zip(paths, user.client.meta.batch_write_open(paths, CREATE_EXCLUSIVE), strict=True))
 
     for p in old:
         assert isinstance(got[p], FileExistsError), got[p]
@@ -131,7 +131,7 @@ def test_batch_write_open_reports_each_failure_for_its_path(fs, cluster, shared)
     items = [(got[p].attr.inode, got[p].session_id, 3, True) for p in valid]
     items.insert(1, (fs.info(f"{ok}/old0")["ino"], 12345, 1, True))
     names_of = [valid[0], f"{ok}/old0", *valid[1:]]
-    closed = user._meta.batch_close(items, names_of)
+    closed = user.client.meta.batch_close(items, names_of)
     assert isinstance(closed[1], OSError)
     assert (closed[1].errno, closed[1].filename) == (errno.EINVAL, f"{ok}/old0")
     assert [a.size for i, a in enumerate(closed) if i != 1] == [3, 3, 3]
@@ -183,7 +183,7 @@ def test_a_batch_write_open_sent_twice_opens_each_path_once(fs, base, cluster):
     paths = [f"{d}/{n}" for n in names]
     # an existing name, and a name given twice (its second open fails on the first's file)
     paths += [f"{d}/there", f"{d}/f03"]
-    mc = fs._meta
+    mc = fs.client.meta
     req = meta_pb2.BatchWriteOpenRequest(
         ctx=mc.context(len(paths)), paths=paths, flags=CREATE_EXCLUSIVE, mode=0o640
     )
@@ -277,7 +277,7 @@ def test_pipe_whose_answers_are_lost_writes_each_file_once(fs, base, cluster, mo
     fs.makedirs(d)
     rng = random.Random(2)
     blobs = blobs_under(d, [f"f{i:02d}" for i in range(30)], rng)
-    mc = fs._meta
+    mc = fs.client.meta
     stubs = mc._stubs()
     losing = LosingStub(stubs[0], ("BatchWriteOpen", "BatchClose"))
     monkeypatch.setitem(mc._stub_pairs, mc._current, (losing, stubs[1]))
@@ -314,7 +314,7 @@ def test_files_whose_writes_fail_are_not_left_behind(fs, base, monkeypatch):
     rng = random.Random(4)
     blobs = blobs_under(d, [f"f{i:02d}" for i in range(12)], rng, 1000, 200_000)
     doomed = {f"{d}/f03", f"{d}/f07", f"{d}/f08"}
-    submit_files = fs.chunk_io.submit_files
+    submit_files = fs.client.files.submit_files
 
     def failing_some(files):
         """The chunks of the doomed files fail (their storage refused them); the rest go."""
@@ -330,7 +330,7 @@ def test_files_whose_writes_fail_are_not_left_behind(fs, base, monkeypatch):
                 out.append(next(started))
         return out
 
-    monkeypatch.setattr(fs.chunk_io, "submit_files", failing_some)
+    monkeypatch.setattr(fs.client.files, "submit_files", failing_some)
     with pytest.raises(OSError) as info:
         fs.pipe(blobs, mode="create")
     assert (info.value.errno, info.value.filename) == (errno.EIO, f"{d}/f03")
@@ -375,7 +375,7 @@ def test_a_batch_close_that_fails_as_a_whole_leaves_no_file_without_its_data(fs,
     fs.makedirs(d)
     rng = random.Random(5)
     blobs = blobs_under(d, [f"f{i:02d}" for i in range(6)], rng, 1000, 50_000)
-    mc = fs._meta
+    mc = fs.client.meta
     stubs = mc._stubs()
     failing = FailingOnce(stubs[0], "BatchClose")
     mc._stub_pairs[mc._current] = (failing, stubs[1])
@@ -446,19 +446,19 @@ def _pipe_through_a_crash(c, fs, blobs: dict, method: str, delay: float | None):
     Returns the pipe's error (None when it returned), the failures ``_write_files``
     reported by path, and the :class:`KillingStub` (how the calls went).
     """
-    mc = fs._meta
+    mc = fs.client.meta
     stubs = mc._stubs()
     killing = KillingStub(stubs[0], c, method, delay)
     mc._stub_pairs[mc._current] = (killing, stubs[1])
     reported: dict = {}
-    write_files = fs._batch._write_files
+    write_files = fs.transfers._write_files
 
     def spying(items, exclusive=False):
         out = write_files(items, exclusive)
         reported.update(out)
         return out
 
-    fs._batch._write_files = spying
+    fs.transfers._write_files = spying
     outcome: list = []
 
     def run() -> None:
@@ -478,7 +478,7 @@ def _pipe_through_a_crash(c, fs, blobs: dict, method: str, delay: float | None):
         assert not t.is_alive(), "the pipe did not end after the metaserver came back"
     finally:
         mc._stub_pairs[mc._current] = stubs
-        del fs._batch._write_files
+        del fs.transfers._write_files
     return outcome[0], reported, killing
 
 

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from emberfs.client.chunkio import ChunkIO
 from emberfs.client.datapath import DataClient
 from emberfs.client.retry import RequestIds
 from emberfs.client.routing import RoutingCache
@@ -148,7 +149,7 @@ def make_client():
 
 def read(client, length=CHUNK, offset=0):
     out = bytearray(length)
-    client.read_chunk(7, 1, 0, offset, memoryview(out))
+    client.read(ChunkIO.over(7, 1, 0, offset, out))
     return bytes(out)
 
 
@@ -259,7 +260,7 @@ def test_an_answer_for_another_read_is_never_returned(make_client, wrong):
     _, client = make_client([ScriptedServer(other)])
     first, second = sent(client, range(2))
     assert finish(first) is None and finish(second) is None  # both fall back to fetches
-    assert not any(client.lanes._pending.values())
+    assert client.lanes.sent() == 0
 
 
 def test_unaligned_read_uses_skip(make_client):
@@ -308,7 +309,7 @@ def test_write_retries_with_the_same_request_id(make_client):
 
     server = ScriptedServer(head)
     _, client = make_client([server])
-    resp = client.write_chunk(7, 1, 0, 0, b"x" * 5000, CHUNK)
+    resp = client.write(ChunkIO.over(7, 1, 0, 0, b"x" * 5000, chunk_size=CHUNK))
     assert resp.version == 3
     ids = {(r.client_id, r.request_id) for r in server.requests}
     assert len(server.requests) == 3 and len(ids) == 1
@@ -319,7 +320,7 @@ def test_a_chain_without_room_raises_enospc_at_once(make_client):
     server = ScriptedServer(refuse(Status.NO_SPACE))
     cluster, client = make_client([server], write_timeout=30)
     with pytest.raises(OSError) as exc:
-        client.write_chunk(7, 1, 0, 0, b"x" * 5000, CHUNK)
+        client.write(ChunkIO.over(7, 1, 0, 0, b"x" * 5000, chunk_size=CHUNK))
     assert exc.value.errno == errno.ENOSPC and "chain 7" in str(exc.value)
     assert len(server.requests) == 1 and cluster.fetches == 1  # not retried
 
@@ -338,7 +339,7 @@ def test_write_waits_for_a_serving_head(make_client):
     timer = threading.Timer(0.5, lambda: cluster.states.__setitem__(0, common_pb2.SERVING))
     timer.start()
     try:
-        assert client.write_chunk(7, 1, 0, 0, b"abc", CHUNK).chunk_length == 3
+        assert client.write(ChunkIO.over(7, 1, 0, 0, b"abc", chunk_size=CHUNK)).chunk_length == 3
     finally:
         timer.cancel()
     assert cluster.fetches > 1
@@ -360,7 +361,7 @@ def one_server(make_client):
 
 def sent(client, pieces, size=PIECE):
     """Start reads of ``pieces`` (indexes of ``size``-byte pieces of chunk 0)."""
-    return [client.start_read(7, 1, 0, k * size, size) for k in pieces]
+    return [client.start_read(ChunkIO(7, 1, 0, k * size, size)) for k in pieces]
 
 
 def finish(pending, size=PIECE):
@@ -380,11 +381,11 @@ def test_reads_sent_to_one_server_share_one_connection(one_server):
     pending = sent(client, range(4))
     assert all(p is not None for p in pending)
     # the server's sent reads are limited (half the connections one server may have)
-    assert client.start_read(7, 1, 0, 0, PIECE) is None
+    assert client.start_read(ChunkIO(7, 1, 0, 0, PIECE)) is None
     for k, p in enumerate(pending):
         assert finish(p) == content[k * PIECE : (k + 1) * PIECE]
     assert server.connections == 1 and len(server.requests) == 4
-    assert pool_idle(client.pool) and not any(client.lanes._pending.values())
+    assert pool_idle(client.pool) and client.lanes.sent() == 0
     # the next reads reuse the same (idle) connection
     assert finish(sent(client, [3])[0]) == content[3 * PIECE :]
     assert server.connections == 1
@@ -398,7 +399,7 @@ def test_sent_reads_finished_out_of_order(one_server):
     assert finish(first) == content[:PIECE]
     assert finish(second) == content[PIECE : 2 * PIECE]
     assert server.connections == 1
-    assert pool_idle(client.pool) and not any(client.lanes._pending.values())
+    assert pool_idle(client.pool) and client.lanes.sent() == 0
 
 
 def test_cancelled_sent_reads_are_dropped_and_the_connection_kept(one_server):
@@ -417,7 +418,7 @@ def test_a_connection_whose_answers_nobody_wants_is_closed(one_server):
     content, server, client = one_server
     for p in sent(client, range(3)):
         p.cancel()
-    assert not any(client.lanes._pending.values())
+    assert client.lanes.sent() == 0
     with client.pool._cond:
         assert client.pool._open[server.address] == 0  # closed, not pooled with answers in it
     assert finish(sent(client, [0])[0]) == content[:PIECE]
@@ -440,7 +441,7 @@ def test_a_broken_connection_fails_its_sent_reads_and_they_are_fetched(make_clie
     assert finish(first) == content[:PIECE]
     assert finish(second) is None and finish(third) is None
     assert client.pool.is_bad(flaky.address)
-    assert not any(client.lanes._pending.values())
+    assert client.lanes.sent() == 0
     with client.pool._cond:
         assert client.pool._open[flaky.address] == 0
 
@@ -453,7 +454,7 @@ def test_sent_reads_from_two_threads_share_a_connection(one_server):
     def reader(k: int) -> None:
         try:
             for _ in range(20):
-                p = client.start_read(7, 1, 0, k * PIECE, PIECE)
+                p = client.start_read(ChunkIO(7, 1, 0, k * PIECE, PIECE))
                 if p is None:
                     continue
                 results[k] = finish(p)
@@ -468,7 +469,7 @@ def test_sent_reads_from_two_threads_share_a_connection(one_server):
         t.join(30)
     assert not errors, errors
     assert len(results) == 4
-    assert pool_idle(client.pool) and not any(client.lanes._pending.values())
+    assert pool_idle(client.pool) and client.lanes.sent() == 0
 
 
 def test_a_kept_answer_is_verified_when_it_is_used(make_client):
@@ -499,4 +500,4 @@ def test_an_error_in_the_middle_of_an_answer_closes_the_connection(one_server):
         assert client.pool._open[server.address] == 0
     assert finish(second) is None  # its connection is gone: the caller fetches it instead
     assert read(client, PIECE, PIECE) == content[PIECE : 2 * PIECE]
-    assert not any(client.lanes._pending.values())
+    assert client.lanes.sent() == 0

@@ -2,13 +2,13 @@
 
 Two in-process data servers (a chain of two targets over real chunk stores, a
 static routing) hold one file of a few 256 KiB chunks. Random programs write
-ranges through the chain head (``DataClient.write_chunk``), cut or grow the
+ranges through the chain head (``DataClient.write``), cut or grow the
 file (``OP_TRUNCATE`` as the metaserver sends it; a file grown this way has
 chunks shorter than the file, whose missing bytes read as zeros), and read
 ranges at offsets at and around the 64 KiB CRC blocks, past a chunk's end and
-in chunks that were never written, both with ``DataClient.read_chunk`` and
+in chunks that were never written, both with ``DataClient.read`` and
 with a read sent ahead (``start_read`` / ``finish_into``, falling back to
-``read_chunk`` as the readahead does). Every read must give the model's bytes.
+``read`` as the readahead does). Every read must give the model's bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 from hypothesis import example, given, note
 from hypothesis import strategies as st
 
+from emberfs.client.chunkio import ChunkIO
 from emberfs.client.datapath import DataClient
 from emberfs.client.retry import RequestIds
 from emberfs.client.routing import RoutingCache
@@ -175,7 +176,7 @@ def test_reads_return_the_bytes_written_and_zeros_past_them(chain, program):
         if kind == "write":
             _, index, (offset, length), seed = step
             data = random.Random(f"{n}-{seed}").randbytes(length)
-            client.write_chunk(CHAIN, inode, index, offset, data, CS)
+            client.write(ChunkIO.over(CHAIN, inode, index, offset, data, chunk_size=CS))
             chunks[index] = written(chunks.get(index, b""), offset, data)
             size = max(size, index * CS + offset + length)
         elif kind == "truncate":
@@ -196,7 +197,7 @@ def test_reads_return_the_bytes_written_and_zeros_past_them(chain, program):
             view = memoryview(out)
             pending = None
             if kind == "read ahead":
-                pending = client.start_read(CHAIN, inode, index, offset, end - offset)
+                pending = client.start_read(ChunkIO(CHAIN, inode, index, offset, end - offset))
             if pending is None or not pending.finish_into(view):
-                client.read_chunk(CHAIN, inode, index, offset, view)
+                client.read(ChunkIO.over(CHAIN, inode, index, offset, view))
             assert bytes(out) == expect, f"chunk {index} [{offset}, {end}) of a {size}-byte file"

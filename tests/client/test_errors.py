@@ -99,7 +99,7 @@ def test_permission_denied(cluster, base):
         root_owned = f"/perm-{base.strip('/')}"
         owner = user(4343)
         owner.makedirs(root_owned)
-        owner._meta.setattr(root_owned, mode=0o700)
+        owner.client.meta.setattr(root_owned, mode=0o700)
         owner.pipe_file(f"{root_owned}/secret", b"s")
         with pytest.raises(PermissionError):
             fs.ls(root_owned)

@@ -164,7 +164,7 @@ def test_a_client_follows_the_routing_of_a_server_that_failed_it(private_cluster
             30,
             "the dead server's targets to go offline",
         )
-        routing = fs._rt.get().routing
+        routing = fs.client.runtime().routing
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             states = {t.state for t in routing.get().targets.values() if t.data_address == dead}

@@ -23,7 +23,7 @@ def blob(fs, base):
 def test_open_costs_one_call_and_knows_the_size(fs, blob):
     path, data = blob
     calls = []
-    meta = fs._meta
+    meta = fs.client.meta
     original = meta.meta
 
     def counting(method, request, p=None):
@@ -186,7 +186,7 @@ def test_text_mode_and_bad_modes(fs, base):
 
 def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
     seen = []
-    real = fs.chunk_io.submit_write
+    real = fs.client.files.submit_write
 
     def tracking(h, offset, data):
         fut = real(h, offset, data)
@@ -195,7 +195,7 @@ def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
         assert pending <= fs.write_depth
         return fut
 
-    monkeypatch.setattr(fs.chunk_io, "submit_write", tracking)
+    monkeypatch.setattr(fs.client.files, "submit_write", tracking)
     chunks = fs.write_depth + 2  # more chunks than may be in flight
     data = os.urandom(chunks * 4 * MiB)
     with fs.open(f"{base}/bounded", "wb") as f:
@@ -230,11 +230,11 @@ def _count_sent_reads(monkeypatch) -> dict:
 
 def _nothing_held(fs) -> bool:
     """No sent read outstanding and every open data connection idle in the pool."""
-    data = fs._rt.get().data
+    data = fs.client.runtime().data
     pool = data.pool
     with pool._cond:
         idle = all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
-    return idle and not any(data.lanes._pending.values())
+    return idle and data.lanes.sent() == 0
 
 
 def _wait_nothing_held(fs, seconds: float = 5.0) -> bool:
@@ -290,7 +290,7 @@ def test_closing_early_gives_the_connections_of_sent_reads_back(fs, blob, monkey
         buf = bytearray(f.handle.chunk_size)
         assert f.readinto(buf) == len(buf) and buf == data[: len(buf)]
         assert f.readinto(buf) == len(buf)  # sequential now: the next block is sent ahead
-        assert stats["sent"] >= 1 and any(fs._rt.get().data.lanes._pending.values())
+        assert stats["sent"] >= 1 and fs.client.runtime().data.lanes.sent() > 0
     assert stats["received"] == 0
     assert _wait_nothing_held(fs)
     # a mixed read after that still sees the right bytes

@@ -316,14 +316,14 @@ def test_pipe_of_many_files_opens_and_closes_them_in_one_call_each(fs, base, clu
 
 def test_pipe_reports_a_parent_it_could_not_make_for_its_own_files(fs, base, monkeypatch):
     d = f"{base}/pipe-mkdir"
-    real = fs._meta.mkdir
+    real = fs.client.meta.mkdir
 
     def mkdir(path, *args, **kwargs):
         if path.endswith("/locked"):
             raise PermissionError(13, "not here", path)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(fs._meta, "mkdir", mkdir)
+    monkeypatch.setattr(fs.client.meta, "mkdir", mkdir)
     blobs = {f"{d}/open/a": b"a", f"{d}/locked/b": b"b", f"{d}/open/c": b"c"}
     with pytest.raises(PermissionError):
         fs.pipe(blobs)

@@ -70,7 +70,7 @@ def test_killed_writer_session_expires_and_unlinked_file_is_collected(lease_clus
     try:
         assert child.stdout.readline().strip() == "WROTE"
         (session,) = get(cluster, "/api/v1/sessions")
-        inode = fs._meta.stat("/victim").inode
+        inode = fs.client.meta.stat("/victim").inode
         assert session["inode"] == inode
         # the child renews while it lives: the session outlives the timeout
         time.sleep(SESSION_TIMEOUT + 1.5)
@@ -82,7 +82,7 @@ def test_killed_writer_session_expires_and_unlinked_file_is_collected(lease_clus
         wait_for(lambda: get(cluster, "/api/v1/sessions") == [], 10, "the session to expire")
         # the expiry dropped the inode and queued its chunks; GC then drains the queue
         with pytest.raises(FileNotFoundError):
-            fs._meta.stat("/victim")
+            fs.client.meta.stat("/victim")
         wait_for(lambda: get(cluster, "/api/v1/gc") == [], 40, "the GC queue to drain")
     finally:
         if child.poll() is None:

@@ -87,11 +87,11 @@ def test_no_token_or_an_unknown_one_is_refused_with_permission_error(secured, mo
 def test_a_token_is_the_identity_the_permission_checks_use(secured):
     cluster, admin = secured
     admin.pipe_file("/root-only.bin", b"secret" * 1000)
-    admin._meta.setattr("/root-only.bin", mode=0o600)
+    admin.client.meta.setattr("/root-only.bin", mode=0o600)
     admin.mkdir("/root-dir")
-    admin._meta.setattr("/root-dir", mode=0o755)
+    admin.client.meta.setattr("/root-dir", mode=0o755)
     admin.mkdir("/home-1000")
-    admin._meta.setattr("/home-1000", uid=1000, gid=1000)
+    admin.client.meta.setattr("/home-1000", uid=1000, gid=1000)
     token, _ = new_token(cluster, 1000, 1000, "uid1000")
     fs = user_fs(cluster, token)
     try:
@@ -109,20 +109,20 @@ def test_a_token_is_the_identity_the_permission_checks_use(secured):
 def test_chunk_reads_sent_straight_to_storage_need_a_capability_for_that_file(secured):
     cluster, admin = secured
     admin.pipe_file("/root-only-2.bin", b"top secret" * 10000)
-    admin._meta.setattr("/root-only-2.bin", mode=0o600)
+    admin.client.meta.setattr("/root-only-2.bin", mode=0o600)
     admin.makedirs("/pub", exist_ok=True)
     admin.pipe_file("/pub/open.bin", b"public" * 100)
     token, _ = new_token(cluster, 1000, 1000, "snooper")
     fs = user_fs(cluster, token)
     try:
         fs.cat_file("/pub/open.bin")  # the user's own, legitimate capability
-        secret = admin._meta.stat("/root-only-2.bin")
-        public = fs._meta.stat("/pub/open.bin")
-        caps = fs._rt.get().meta.capabilities
+        secret = admin.client.meta.stat("/root-only-2.bin")
+        public = fs.client.meta.stat("/pub/open.bin")
+        caps = fs.client.runtime().meta.capabilities
         own = caps.credential(public.inode, write=False)
         assert own is not None
         with pytest.raises(PermissionError):  # the metaserver will not give one
-            fs._meta.authorize(secret.inode)
+            fs.client.meta.authorize(secret.inode)
         for credential in (None, own):
             assert read_tail(cluster, secret, credential) == framing.Status.DENIED
     finally:
@@ -137,8 +137,8 @@ def test_a_revoked_token_stops_at_once_and_its_capabilities_within_their_expiry(
     fs = user_fs(cluster, token)
     try:
         assert fs.cat_file("/shared/data.bin") == b"d" * 200_000
-        attr = fs._meta.stat("/shared/data.bin")
-        credential = fs._rt.get().meta.capabilities.credential(attr.inode, write=False)
+        attr = fs.client.meta.stat("/shared/data.bin")
+        credential = fs.client.runtime().meta.capabilities.credential(attr.inode, write=False)
         AdminClient(cluster.admin_url, cluster.admin_token).delete(f"/api/v1/tokens/{token_id}")
         revoked = time.monotonic()
         deadline = revoked + 10
@@ -206,7 +206,7 @@ def test_a_capability_credential_is_sent_only_for_a_secure_cluster(private_clust
     try:
         fs.pipe_file("/x.bin", b"x" * 1000)
         assert fs.cat_file("/x.bin") == b"x" * 1000
-        attr = fs._meta.stat("/x.bin")
-        assert fs._rt.get().meta.capabilities.credential(attr.inode, write=False) is None
+        attr = fs.client.meta.stat("/x.bin")
+        assert fs.client.runtime().meta.capabilities.credential(attr.inode, write=False) is None
     finally:
         fs.close()

@@ -161,7 +161,7 @@ def test_a_write_session_outlives_a_restart_of_the_metaserver_until_its_client_r
         while time.monotonic() < deadline:
             assert open_sessions() == {held, left}, "a session expired at the restart"
             time.sleep(0.2)
-        assert fs._meta.renew_sessions([held]) == set()
+        assert fs.client.meta.renew_sessions([held]) == set()
         f.write(second)
         f.close()
         assert fs.cat_file("/held") == first + second

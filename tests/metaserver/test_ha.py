@@ -149,7 +149,7 @@ def test_any_metaserver_serves_the_admin_api_and_lost_chunk_reports_reach_the_le
         assert fs.cat_file("/f.bin") == b"x" * MiB
         from emberfs.proto import cluster_pb2
 
-        meta = fs._rt.get().meta
+        meta = fs.client.runtime().meta
         routing = meta.routing()
         chain = routing.chains[0]
         resp = meta.cluster(

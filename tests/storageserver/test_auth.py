@@ -55,7 +55,7 @@ def a_file(fs, path: str, size: int = 2 * CHUNK) -> tuple[bytes, dict]:
     data = os.urandom(size)
     fs.makedirs("/auth", exist_ok=True)
     fs.pipe_file(path, data)
-    attr = fs._meta.stat(path)
+    attr = fs.client.meta.stat(path)
     info = {
         "ino": attr.inode,
         "chunk_size": attr.layout.chunk_size,
@@ -134,7 +134,7 @@ def test_a_capability_reaches_only_its_own_file_and_access(secured):
     cluster, fs = secured
     mine, _ = a_file(fs, "/auth/mine.bin", CHUNK)
     theirs, info = a_file(fs, "/auth/theirs.bin", CHUNK)
-    mine_info = {"ino": fs._meta.stat("/auth/mine.bin").inode}
+    mine_info = {"ino": fs.client.meta.stat("/auth/mine.bin").inode}
     view, chain = chain_of_chunk(cluster, info, 0)
     target = chain.tail
     read = data_pb2.ChunkReadRequest(
