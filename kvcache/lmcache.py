@@ -77,17 +77,24 @@ from __future__ import annotations
 import abc
 import asyncio
 import errno
-import json
 import logging
 import math
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from emberfs.client.fs import EmberFileSystem
-from emberfs.kvcache.layout import DTYPE_BYTES
+from emberfs.client.paths import strip_protocol
+from emberfs.kvcache.lmchunk import (
+    HEADER_ROOM,
+    ChunkHeader,
+    byte_view,
+    itemsize,
+)
+from emberfs.kvcache.lmchunk import (
+    payload as chunk_payload,
+)
 from emberfs.kvcache.store import KVCache
 
 try:
@@ -152,7 +159,7 @@ except ImportError:
         @property
         def full_chunk_size_bytes(self) -> int:
             return sum(
-                math.prod(shape) * _itemsize(dtype)
+                math.prod(shape) * itemsize(dtype)
                 for shape, dtype in zip(self.meta_shapes, self.meta_dtypes, strict=True)
             )
 
@@ -230,116 +237,7 @@ PLUGIN_TYPE = "emberfs"
 URL_SCHEMES = ("emberfs://", "ember://")
 DEFAULT_PATH = "/kvcache/lmcache"
 DEFAULT_CAPACITY = 64 << 30
-HEADER_ROOM = 4096  # bytes a block keeps for the chunk header
 RAW_SUFFIX = "#raw"  # keys of chunks stored without a header
-MAGIC = b"EKV1"
-_PREFIX = struct.Struct("<4sI")  # magic, bytes of the JSON that follows
-
-
-def _dtype_name(dtype) -> str:
-    text = str(dtype)
-    return text.removeprefix("torch.")
-
-
-def _itemsize(dtype) -> int:
-    size = getattr(dtype, "itemsize", None)
-    if isinstance(size, int):
-        return size
-    name = _dtype_name(dtype).lower()
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return DTYPE_BYTES[name]
-
-
-def _buffer(obj) -> memoryview:
-    """A byte view of a memory object's ``byte_array``."""
-    view = memoryview(obj.byte_array)
-    if not view.contiguous:
-        raise ValueError("a memory object's byte_array must be contiguous")
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _payload(obj) -> memoryview:
-    """The bytes of a chunk: ``get_size()`` bytes of its ``byte_array``."""
-    view = _buffer(obj)
-    size = obj.get_size() if hasattr(obj, "get_size") else len(view)
-    return view[: min(size, len(view))]
-
-
-@dataclass(frozen=True)
-class ChunkHeader:
-    """What allocating a stored chunk again takes: its length, shapes, dtypes and format.
-
-    Encoded as ``EKV1``, the length of a JSON document (4 bytes, little
-    endian) and the document.
-    """
-
-    length: int
-    shapes: list[list[int]]
-    dtypes: list[str]
-    fmt: str
-
-    @classmethod
-    def of(cls, memory_obj, length: int) -> ChunkHeader:
-        """The header of ``memory_obj`` holding ``length`` bytes."""
-        if hasattr(memory_obj, "get_shapes"):
-            shapes, dtypes = memory_obj.get_shapes(), memory_obj.get_dtypes()
-        else:
-            shapes, dtypes = [memory_obj.get_shape()], [memory_obj.get_dtype()]
-        fmt = memory_obj.get_memory_format()
-        return cls(
-            length=length,
-            shapes=[[int(n) for n in shape] for shape in shapes],
-            dtypes=[_dtype_name(d) for d in dtypes],
-            fmt=getattr(fmt, "name", None) or str(fmt),
-        )
-
-    def encode(self) -> bytes:
-        doc = {"length": self.length, "shapes": self.shapes, "dtypes": self.dtypes, "fmt": self.fmt}
-        body = json.dumps(doc, separators=(",", ":")).encode()
-        return _PREFIX.pack(MAGIC, len(body)) + body
-
-    @classmethod
-    def decode(cls, block) -> tuple[ChunkHeader, int]:
-        """The header at the start of ``block`` and where the chunk's bytes start.
-
-        Raises ValueError when ``block`` does not start with a header.
-        """
-        view = memoryview(block)
-        if len(view) < _PREFIX.size:
-            raise ValueError("a block shorter than a chunk header")
-        magic, size = _PREFIX.unpack(view[: _PREFIX.size])
-        end = _PREFIX.size + size
-        if magic != MAGIC or end > len(view):
-            raise ValueError("a block without a chunk header")
-        try:
-            doc = json.loads(bytes(view[_PREFIX.size : end]))
-            header = cls(
-                length=int(doc["length"]),
-                shapes=[[int(n) for n in s] for s in doc["shapes"]],
-                dtypes=[str(d) for d in doc["dtypes"]],
-                fmt=str(doc["fmt"]),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"a damaged chunk header: {exc}") from None
-        if end + header.length > len(view):
-            raise ValueError("a block shorter than its chunk")
-        return header, end
-
-    def allocation(self) -> tuple[list, list, Any]:
-        """``(shapes, dtypes, fmt)`` for ``local_cpu_backend.allocate``.
-
-        torch sizes and dtypes and LMCache's ``MemoryFormat`` where they are
-        installed, else tuples and names.
-        """
-        if torch is None:
-            shapes: list = [tuple(s) for s in self.shapes]
-            dtypes: list = list(self.dtypes)
-        else:
-            shapes = [torch.Size(s) for s in self.shapes]
-            dtypes = [getattr(torch, d) for d in self.dtypes]
-        fmt = MemoryFormat[self.fmt] if MemoryFormat is not None else self.fmt
-        return shapes, dtypes, fmt
 
 
 def plugin_type(url: str) -> str | None:
@@ -429,7 +327,7 @@ class EmberConnector(RemoteConnector):
         self.fs = EmberFileSystem(
             settings.get("meta"), settings.get("token"), skip_instance_cache=True
         )
-        self.path = self.fs._strip_protocol(str(settings.get("path") or DEFAULT_PATH))
+        self.path = strip_protocol(str(settings.get("path") or DEFAULT_PATH))
         block_size = settings.get("block_size")
         block_size = int(block_size) if block_size else self._chunk_block_size()
         create = bool(settings.get("create", True))
@@ -484,7 +382,7 @@ class EmberConnector(RemoteConnector):
         obj = self.local_cpu_backend.allocate(*header.allocation())
         if obj is None:
             return None  # local memory is full
-        dest = _buffer(obj)
+        dest = byte_view(obj)
         if len(dest) < header.length:
             obj.ref_count_down()
             log.warning("a chunk of %d bytes does not fit its memory object", header.length)
@@ -501,7 +399,7 @@ class EmberConnector(RemoteConnector):
         wanted = [i for i, obj in enumerate(objs) if obj is not None]
         try:
             got = self.cache.batch_get(
-                [names[i] for i in wanted], into=[_buffer(objs[i]) for i in wanted]
+                [names[i] for i in wanted], into=[byte_view(objs[i]) for i in wanted]
             )
         except BaseException:
             for i in wanted:
@@ -550,7 +448,7 @@ class EmberConnector(RemoteConnector):
     # writes ---------------------------------------------------------------------------------
     def _pack(self, obj):
         """The block of a memory object: its bytes, behind a header with ``save_chunk_meta``."""
-        payload = _payload(obj)
+        payload = chunk_payload(obj)
         if not self.save_chunk_meta:
             return payload
         header = ChunkHeader.of(obj, len(payload)).encode()

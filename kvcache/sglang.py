@@ -66,6 +66,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from emberfs.client.fs import EmberFileSystem
+from emberfs.client.paths import meta_of_url, strip_protocol
 from emberfs.kvcache.store import KVCache, PutStatus
 
 try:
@@ -276,11 +277,9 @@ class EmberHiCacheStorage(HiCacheStorage):
         self.storage_config = storage_config
         self.mem_pool_host = None
         path = str(settings.get("emberfs_path") or DEFAULT_PATH)
-        meta = settings.get("emberfs_meta") or EmberFileSystem._get_kwargs_from_urls(path).get(
-            "meta"
-        )
+        meta = settings.get("emberfs_meta") or meta_of_url(path)
         self.fs = EmberFileSystem(meta, settings.get("emberfs_token"), skip_instance_cache=True)
-        self.path = self.fs._strip_protocol(path)
+        self.path = strip_protocol(path)
         self.capacity = int(settings.get("emberfs_capacity", DEFAULT_CAPACITY))
         block_size = settings.get("emberfs_block_size")
         self.block_size = int(block_size) if block_size else None

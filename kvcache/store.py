@@ -30,21 +30,25 @@ import errno
 import posixpath
 import re
 from collections.abc import Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import wait
 from dataclasses import dataclass
 
 import crc32c
 
-from emberfs.client.buffers import BlockPool
-from emberfs.client.datapath import ChunkLost
 from emberfs.client.fs import EmberFileSystem
 from emberfs.client.meta import MetaClient
+from emberfs.client.paths import strip_protocol
 from emberfs.common import kvgeometry
-from emberfs.common.layout import MAX_STRIPE, chunk_chain, chunk_spans
+from emberfs.common.layout import MAX_STRIPE
+from emberfs.kvcache.transfers import (
+    BlockTransfer,
+    batches,
+    plan_transfers,
+    read_failed,
+    storage_failure,
+)
 from emberfs.proto import common_pb2, kvcache_pb2, meta_pb2
 
-#: keys per index call (the metaserver takes up to 10000)
-BATCH = 4096
 SLAB_NAME = "slab-{:05d}"
 _SLAB_FILE = re.compile(r"slab-\d{5}")
 
@@ -130,6 +134,10 @@ class KVCache:
     fs : EmberFileSystem, optional
         The filesystem to use; by default one is made with ``fs_options``
         (``meta``, ``token``, and the options of :class:`EmberFileSystem`).
+        The cache moves its blocks through the filesystem's
+        :class:`~emberfs.client.core.Client` (``fs.client``).
+    info : KvCacheInfo, optional
+        The cache's description, when the caller has it (no ``KvOpen`` call).
 
     Attributes
     ----------
@@ -139,19 +147,26 @@ class KVCache:
         Blocks the cache holds at most.
     """
 
-    def __init__(self, path: str, fs: EmberFileSystem | None = None, **fs_options) -> None:
+    def __init__(
+        self,
+        path: str,
+        fs: EmberFileSystem | None = None,
+        *,
+        info: kvcache_pb2.KvCacheInfo | None = None,
+        **fs_options,
+    ) -> None:
         self.fs = fs if fs is not None else EmberFileSystem(**fs_options)
-        self.path = self.fs._strip_protocol(path)
-        req = kvcache_pb2.KvOpenRequest(ctx=self._meta.context(), path=self.path)
-        self._use(self._meta.meta("KvOpen", req, self.path))
-
-    def _use(self, info: kvcache_pb2.KvCacheInfo) -> None:
+        self.client = self.fs.client
+        self.path = strip_protocol(path)
+        if info is None:
+            req = kvcache_pb2.KvOpenRequest(ctx=self._meta.context(), path=self.path)
+            info = self._meta.meta("KvOpen", req, self.path)
         self.info = info
         self.cache_id = info.cache_id
         self.geometry = info.geometry
         self.block_size = info.geometry.block_size
         self.capacity = info.geometry.capacity_slots
-        self._slabs = [(s.inode, list(s.chains)) for s in info.slabs]
+        self.slabs = [(s.inode, list(s.chains)) for s in info.slabs]
 
     @classmethod
     def create(
@@ -189,8 +204,8 @@ class KVCache:
         fs : EmberFileSystem, optional
         """
         fs = fs if fs is not None else EmberFileSystem(**fs_options)
-        path = fs._strip_protocol(path)
-        meta = fs._meta
+        path = strip_protocol(path)
+        meta = fs.client.meta
         try:
             existing = cls(path, fs=fs)
         except FileNotFoundError:
@@ -240,11 +255,7 @@ class KVCache:
         req = kvcache_pb2.KvCreateRequest(
             ctx=meta.context(), path=path, geometry=geometry, slabs=slabs
         )
-        cache = cls.__new__(cls)
-        cache.fs = fs
-        cache.path = path
-        cache._use(meta.meta("KvCreate", req, path))
-        return cache
+        return cls(path, fs=fs, info=meta.meta("KvCreate", req, path))
 
     @classmethod
     def open_or_create(
@@ -273,61 +284,12 @@ class KVCache:
 
     @property
     def _meta(self) -> MetaClient:
-        return self.fs._meta
+        return self.client.meta
 
-    # placing blocks ---------------------------------------------------------------------------
-    def _pieces(self, slot: int, view: memoryview):
-        """``(chain, inode, chunk index, chunk offset, piece)`` of a block at ``slot``."""
-        slab, offset = kvgeometry.locate(self.geometry, slot)
-        inode, chains = self._slabs[slab]
-        for s in chunk_spans(offset, len(view), self.geometry.chunk_size):
-            lo = s.file_offset - offset
-            yield (
-                chunk_chain(chains, s.index),
-                inode,
-                s.index,
-                s.chunk_offset,
-                view[lo : lo + s.length],
-            )
-
-    def _transfers(
-        self, blocks: list[tuple[int, memoryview]], gap: int, pool: BlockPool
-    ) -> list[_Transfer]:
-        """The chunk transfers that move ``blocks`` (``(slot, view)``), blocks of one chunk together.
-
-        Blocks at most ``gap`` bytes apart in one chunk (small blocks share
-        chunks) travel as one transfer of the range they span, through a
-        chunk-sized buffer from ``pool`` (given back by
-        :meth:`_Transfer.release`); a lone block, or a piece of a block that
-        spans chunks, travels straight from (or into) its view.
-        """
-        g = self.geometry
-        if g.stride > g.chunk_size // 2:  # every chunk holds one slot at most
-            return [
-                _Transfer(chain, inode, index, off, piece, [(n, 0)], in_place=True)
-                for n, (slot, view) in enumerate(blocks)
-                for chain, inode, index, off, piece in self._pieces(slot, view)
-            ]
-        by_chunk: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for n, (slot, _) in enumerate(blocks):
-            slab, offset = kvgeometry.locate(g, slot)
-            index, inner = divmod(offset, g.chunk_size)
-            by_chunk.setdefault((slab, index), []).append((inner, n))
-        out: list[_Transfer] = []
-        for (slab, index), members in by_chunk.items():
-            inode, chains = self._slabs[slab]
-            chain = chunk_chain(chains, index)
-            members.sort()
-            run = [members[0]]
-            for inner, n in members[1:]:
-                last_inner, last = run[-1]
-                if inner - (last_inner + len(blocks[last][1])) <= gap:
-                    run.append((inner, n))
-                    continue
-                out.append(_Transfer.of_run(chain, inode, index, run, blocks, pool, g.chunk_size))
-                run = [(inner, n)]
-            out.append(_Transfer.of_run(chain, inode, index, run, blocks, pool, g.chunk_size))
-        return out
+    def _plan(self, blocks: list[tuple[int, memoryview]], slots: int, rt) -> list[BlockTransfer]:
+        """The transfers of ``blocks``, those less than ``slots`` slot strides apart together."""
+        gap = slots * self.geometry.stride - 1
+        return plan_transfers(self.geometry, self.slabs, blocks, gap, rt.blocks)
 
     def _learn(self, capabilities) -> None:
         caps = self._meta.capabilities
@@ -361,10 +323,10 @@ class KVCache:
                 raise ValueError("batch_get needs one buffer per key")
             views = [_view(b, writable=True) for b in into]
         if views is None:
-            return [got for part in _batches(keys) for got in self._get_part(part, None)]
+            return [got for part in batches(keys) for got in self._get_part(part, None)]
         return [
             got
-            for part, part_views in zip(_batches(keys), _batches(views), strict=True)
+            for part, part_views in zip(batches(keys), batches(views), strict=True)
             for got in self._get_part(part, part_views)
         ]
 
@@ -378,7 +340,7 @@ class KVCache:
     def _get_part(self, keys: list[bytes], views: list[memoryview] | None) -> list:
         resp = self._lookup(keys, touch=True)
         self._learn(resp.capabilities)
-        rt = self.fs._rt.get()
+        rt = self.client.runtime()
         hits: list[tuple[int, kvcache_pb2.KvLocation, memoryview]] = []
         for i, loc in enumerate(resp.locations):
             if not loc.found:
@@ -392,20 +354,15 @@ class KVCache:
             hits.append((i, loc, dest))
         # blocks of one chunk with at most one other slot between them are read as one
         # range, then copied apart: fewer, larger requests for small blocks
-        transfers = self._transfers(
-            [(loc.slot, dest) for _, loc, dest in hits], 2 * self.geometry.stride - 1, rt.blocks
-        )
-        futures = [
-            rt.executor.submit(
-                rt.data.read_chunk, t.chain, t.inode, t.index, t.offset, t.view, len(t.view)
-            )
-            for t in transfers
-        ]
+        transfers = self._plan([(loc.slot, dest) for _, loc, dest in hits], 2, rt)
+        for t in transfers:
+            t.io.need = t.io.length  # every byte of a stored block was written
+        futures = [rt.executor.submit(rt.data.read, t.io) for t in transfers]
         wait(futures)
         failed: set[int] = set()  # hits (by their number in ``hits``) not read
         dests = [dest for _, _, dest in hits]
         for t, fut in zip(transfers, futures, strict=True):
-            if _read_failed(fut):
+            if read_failed(fut):
                 failed.update(t.blocks())
             else:
                 t.scatter(dests)
@@ -443,7 +400,7 @@ class KVCache:
         """How many leading ``keys`` are stored (the longest cached prefix); reads no block."""
         keys = [as_key(k) for k in keys]
         found = 0
-        for part in _batches(keys):
+        for part in batches(keys):
             n = self._lookup(part, prefix=True).found
             found += n
             if n < len(part):
@@ -453,7 +410,7 @@ class KVCache:
     def contains(self, keys: Sequence[bytes | str]) -> list[bool]:
         """Per key whether it is stored (not only the prefix); reads no block."""
         keys = [as_key(k) for k in keys]
-        return [loc.found for part in _batches(keys) for loc in self._lookup(part).locations]
+        return [loc.found for part in batches(keys) for loc in self._lookup(part).locations]
 
     def exists(self, key: bytes | str) -> bool:
         """Whether one key is stored."""
@@ -478,7 +435,7 @@ class KVCache:
                 )
         return [
             status
-            for part, part_views in zip(_batches(keys), _batches(views), strict=True)
+            for part, part_views in zip(batches(keys), batches(views), strict=True)
             for status in self._put_part(part, part_views)
         ]
 
@@ -494,7 +451,7 @@ class KVCache:
         if len(resp.reservations) != len(keys):
             raise OSError(errno.EIO, "KvReserve answered for the wrong number of keys")
         self._learn(resp.capabilities)
-        rt = self.fs._rt.get()
+        rt = self.client.runtime()
         out = [PutStatus.FAILED] * len(keys)
         jobs = []  # (key number, reservation)
         for i, r in enumerate(resp.reservations):
@@ -507,25 +464,12 @@ class KVCache:
         # blocks in consecutive slots of one chunk are written as one range (a slot's
         # padding past its block is its own), so a chunk is rewritten once, not per block
         sources = [views[i] for i, _ in jobs]
-        transfers = self._transfers(
-            [(r.slot, v) for (_, r), v in zip(jobs, sources, strict=True)],
-            self.geometry.stride - 1,
-            rt.blocks,
+        transfers = self._plan(
+            [(r.slot, v) for (_, r), v in zip(jobs, sources, strict=True)], 1, rt
         )
         for t in transfers:
             t.gather(sources)
-        futures = [
-            rt.executor.submit(
-                rt.data.write_chunk,
-                t.chain,
-                t.inode,
-                t.index,
-                t.offset,
-                t.view,
-                self.geometry.chunk_size,
-            )
-            for t in transfers
-        ]
+        futures = [rt.executor.submit(rt.data.write, t.io) for t in transfers]
         crcs = [crc32c.crc32c(v) for v in sources]
         wait(futures)
         for t in transfers:
@@ -536,7 +480,7 @@ class KVCache:
             exc = fut.exception()
             if exc is None:
                 continue
-            if not _storage_failure(exc):
+            if not storage_failure(exc):
                 refused = refused or exc
             unwritten.update(t.blocks())
         items = [
@@ -564,7 +508,7 @@ class KVCache:
         """Remove keys; their slots are reused. How many stored blocks went."""
         keys = [as_key(k) for k in keys]
         total = 0
-        for part in _batches(keys):
+        for part in batches(keys):
             req = kvcache_pb2.KvDeleteRequest(
                 ctx=self._meta.context(), cache_id=self.cache_id, keys=part
             )
@@ -605,7 +549,7 @@ class KVCache:
             puts=s.puts,
             put_bytes=s.put_bytes,
             evictions=s.evictions,
-            slab_files=len(self._slabs),
+            slab_files=len(self.slabs),
             slabs_used=s.slabs_used,
         )
 
@@ -617,89 +561,3 @@ class KVCache:
         return (
             f"KVCache({self.path!r}, block_size={self.block_size}, capacity={self.capacity} blocks)"
         )
-
-
-@dataclass
-class _Transfer:
-    """One chunk read or write of a batch: a range of one chunk, and the blocks it carries.
-
-    ``members`` are ``(block number, offset of the block in the range)``.
-    An ``in_place`` transfer moves one block (or the piece of it in this
-    chunk) straight from or into the block's own view; the others move
-    several blocks through a buffer of the range's own.
-    """
-
-    chain: int
-    inode: int
-    index: int  # chunk index
-    offset: int  # in the chunk
-    view: memoryview
-    members: list[tuple[int, int]]
-    in_place: bool = False
-    buffer: bytearray | None = None  # the pooled buffer ``view`` is part of
-
-    @classmethod
-    def of_run(cls, chain, inode, index, run, blocks, pool: BlockPool, size: int) -> _Transfer:
-        """The transfer of ``run`` (``(offset in chunk, block number)``, in order) of ``blocks``.
-
-        A run of several blocks gets a buffer of ``size`` bytes from ``pool``
-        (reused memory: a fresh one costs its page faults).
-        """
-        if len(run) == 1:
-            inner, n = run[0]
-            return cls(chain, inode, index, inner, blocks[n][1], [(n, 0)], in_place=True)
-        first = run[0][0]
-        last_inner, last = run[-1]
-        span = last_inner + len(blocks[last][1]) - first
-        members = [(n, inner - first) for inner, n in run]
-        buf = pool.get(size)
-        return cls(chain, inode, index, first, memoryview(buf)[:span], members, buffer=buf)
-
-    def blocks(self) -> list[int]:
-        """The numbers of the blocks it carries."""
-        return [n for n, _ in self.members]
-
-    def gather(self, views: list[memoryview]) -> None:
-        """Copy the blocks it writes into its buffer, zeros between them (their slots' padding)."""
-        if self.in_place:
-            return
-        ends = [at for _, at in self.members[1:]] + [len(self.view)]
-        for (n, at), end in zip(self.members, ends, strict=True):
-            stop = at + len(views[n])
-            self.view[at:stop] = views[n]
-            if end > stop:
-                self.view[stop:end] = bytes(end - stop)
-
-    def scatter(self, dests: list[memoryview]) -> None:
-        """Copy the blocks it read out of its buffer."""
-        if not self.in_place:
-            for n, at in self.members:
-                dests[n][:] = self.view[at : at + len(dests[n])]
-
-    def release(self, pool: BlockPool) -> None:
-        """Give its buffer back to ``pool`` (once nothing reads or writes it)."""
-        if self.buffer is not None:
-            pool.put(self.buffer)
-            self.buffer = None
-
-
-def _batches(items: list) -> list[list]:
-    """``items`` in pieces of :data:`BATCH`, a metaserver call each."""
-    return [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
-
-
-def _storage_failure(exc: BaseException) -> bool:
-    """Whether a chunk transfer failed for want of storage (a miss, a failed put), not a refusal."""
-    return isinstance(exc, ChunkLost) or (
-        isinstance(exc, OSError) and not isinstance(exc, PermissionError)
-    )
-
-
-def _read_failed(fut: Future) -> bool:
-    """Whether a block read failed for want of storage; other errors are raised."""
-    exc = fut.exception()
-    if exc is None:
-        return False
-    if _storage_failure(exc):
-        return True
-    raise exc

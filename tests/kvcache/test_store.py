@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emberfs.client.chunkio import ChunkIO
 from emberfs.client.fs import EmberFileSystem
 from emberfs.common import kvgeometry
 from emberfs.kvcache import KVCache, PutStatus
@@ -44,7 +45,7 @@ def test_a_batch_costs_one_metaserver_call_to_get_and_two_to_put(fs, make_cache)
     cache = make_cache(block_size=64 * KiB, blocks=256)
     keys = [key_of(i) for i in range(64)]
     blocks = [block_of(i, cache.block_size) for i in range(64)]
-    meta = fs._meta
+    meta = fs.client.meta
     calls = []
     real = meta._call
 
@@ -72,9 +73,9 @@ def test_small_blocks_of_one_chunk_move_together(fs, make_cache):
     cache = make_cache(block_size=64 * KiB, blocks=64)
     keys = [key_of(i) for i in range(32)]
     blocks = [block_of(i, cache.block_size) for i in range(32)]  # some 1000 or 2000 shorter
-    rt = fs._rt.get()
+    rt = fs.client.runtime()
     calls = {"write": 0, "read": 0}
-    real_write, real_read = rt.data.write_chunk, rt.data.read_chunk
+    real_write, real_read = rt.data.write, rt.data.read
 
     def write(*args):
         calls["write"] += 1
@@ -86,7 +87,7 @@ def test_small_blocks_of_one_chunk_move_together(fs, make_cache):
             raise OSError(5, "storage went away")
         return real_read(*args)
 
-    rt.data.write_chunk, rt.data.read_chunk = write, read
+    rt.data.write, rt.data.read = write, read
     try:
         fail_first_read = False
         assert cache.batch_put(keys, blocks) == [PutStatus.STORED] * 32
@@ -100,7 +101,7 @@ def test_small_blocks_of_one_chunk_move_together(fs, make_cache):
         assert got.count(None) == 16
         assert all(g is None or g == b for g, b in zip(got, blocks, strict=True))
     finally:
-        rt.data.write_chunk, rt.data.read_chunk = real_write, real_read
+        rt.data.write, rt.data.read = real_write, real_read
 
 
 def test_first_writer_wins_and_puts_are_idempotent(make_cache):
@@ -272,8 +273,8 @@ def test_a_slot_reused_while_it_is_read_is_a_miss(cluster, fs, make_cache):
     other_fs = EmberFileSystem(cluster.meta_address, skip_instance_cache=True)
     try:
         other = KVCache(cache.path, fs=other_fs)
-        rt = fs._rt.get()
-        real_read = rt.data.read_chunk
+        rt = fs.client.runtime()
+        real_read = rt.data.read
         looked_up, reused = threading.Event(), threading.Event()
 
         def read_after_reuse(*args):
@@ -281,7 +282,7 @@ def test_a_slot_reused_while_it_is_read_is_a_miss(cluster, fs, make_cache):
             assert reused.wait(30)
             return real_read(*args)
 
-        rt.data.read_chunk = read_after_reuse
+        rt.data.read = read_after_reuse
         result = {}
         reader = threading.Thread(target=lambda: result.update(got=cache.get(a)))
         reader.start()
@@ -290,7 +291,7 @@ def test_a_slot_reused_while_it_is_read_is_a_miss(cluster, fs, make_cache):
         assert other.put(b, block_of(2, cache.block_size)) == PutStatus.STORED
         reused.set()
         reader.join(30)
-        rt.data.read_chunk = real_read
+        rt.data.read = real_read
         assert result["got"] is None
         assert cache.get(b) == block_of(2, cache.block_size)  # B's block itself is fine
     finally:
@@ -301,16 +302,19 @@ def test_a_damaged_block_is_a_miss_and_leaves_the_index(fs, make_cache):
     cache = make_cache(block_size=16 * KiB, blocks=16)
     key = key_of(7)
     assert cache.put(key, block_of(7, cache.block_size)) == PutStatus.STORED
-    req = kvcache_pb2.KvLookupRequest(ctx=fs._meta.context(), cache_id=cache.cache_id, keys=[key])
-    loc = fs._meta.meta("KvLookup", req).locations[0]
+    req = kvcache_pb2.KvLookupRequest(
+        ctx=fs.client.meta.context(), cache_id=cache.cache_id, keys=[key]
+    )
+    loc = fs.client.meta.meta("KvLookup", req).locations[0]
     # overwrite a few of the slot's bytes behind the index's back, through the data path
     # (the put left this client the slab's write capability)
     slab, offset = kvgeometry.locate(cache.geometry, loc.slot)
-    inode, chains = cache._slabs[slab]
-    index, inner = divmod(offset, cache.geometry.chunk_size)
-    rt = fs._rt.get()
+    inode, chains = cache.slabs[slab]
+    cs = cache.geometry.chunk_size
+    index, inner = divmod(offset, cs)
+    rt = fs.client.runtime()
     chain = chains[index % len(chains)]
-    rt.data.write_chunk(chain, inode, index, inner + 100, b"garbage!", cache.geometry.chunk_size)
+    rt.data.write(ChunkIO.over(chain, inode, index, inner + 100, b"garbage!", chunk_size=cs))
     assert cache.get(key) is None
     assert not cache.exists(key)  # the reader dropped it: the next put stores it again
     assert cache.put(key, block_of(7, cache.block_size)) == PutStatus.STORED
