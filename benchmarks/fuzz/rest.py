@@ -30,6 +30,7 @@ class RestLink:
             self._conn = None
 
     def send(self, item: RestInput) -> Outcome:
+        """What came of it: the HTTP status (a 5xx is judged by the surface), a hang, a break."""
         if item.raw is not None:
             return self._raw(item.raw)
         timeout = timeouts.SLOW_TIMEOUT if item.slow else timeouts.CALL_TIMEOUT
