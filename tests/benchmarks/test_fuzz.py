@@ -1,4 +1,4 @@
-"""The fuzzer (benchmarks/fuzz.py): its guards (pure), and its short form on a local cluster.
+"""The fuzzer (benchmarks/fuzz/): its guards (pure), and its short form on a local cluster.
 
 The short form is the fuzzer's CI form: one LocalCluster of real processes, 10,000 inputs on
 each surface (the data port, gRPC, the admin REST API); no server may crash or hang, the admin
@@ -148,12 +148,13 @@ def report(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("fuzz")
     # In CI the suite's other processes share the two cores: an answer 5 s late is a busy
     # machine there, not a hang; the long form keeps the fuzzer's 5 s.
-    saved = fuzz.ANSWER_TIMEOUT, fuzz.PROBE_TIMEOUT
-    fuzz.ANSWER_TIMEOUT = fuzz.PROBE_TIMEOUT = HANG_AFTER
+    timeouts = fuzz.timeouts
+    saved = timeouts.ANSWER_TIMEOUT, timeouts.PROBE_TIMEOUT
+    timeouts.ANSWER_TIMEOUT = timeouts.PROBE_TIMEOUT = HANG_AFTER
     try:
         report = fuzz.run(fuzz.Options(inputs=INPUTS, seed=SEED, data_dir=data_dir, keep=True))
     finally:
-        fuzz.ANSWER_TIMEOUT, fuzz.PROBE_TIMEOUT = saved
+        timeouts.ANSWER_TIMEOUT, timeouts.PROBE_TIMEOUT = saved
     (data_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     print(fuzz.summary(report))
     return report
