@@ -291,7 +291,7 @@ class Workload:
             )
         fm.inodes.add(inode)
 
-    def _overwrite(self, fm: FileModel, kind: str, start: int, end: int) -> None:
+    def overwrite(self, fm: FileModel, kind: str, start: int, end: int) -> None:
         path = fm.path
         wid = fm.new_write(self.op_id + 1, start, end)
         data = pattern_bytes(fm.file_id, wid, start, end)
@@ -320,7 +320,7 @@ class Workload:
         index = self.rng.randrange(0, size // cs + 1)
         start = index * cs + self.rng.randrange(0, cs - 1)
         end = min((index + 1) * cs, start + self.rng.randrange(1, 64 * KiB))
-        self._overwrite(fm, "overwrite_in_chunk", start, end)
+        self.overwrite(fm, "overwrite_in_chunk", start, end)
 
     def overwrite_across_chunks(self, fm: FileModel) -> None:
         cs = self.cfg.chunk_size
@@ -331,7 +331,7 @@ class Workload:
         if self.rng.random() < 0.3:
             end += cs  # over a whole chunk too
         end = min(end, self.cfg.max_size)
-        self._overwrite(fm, "overwrite_across_chunks", start, max(end, boundary + 1))
+        self.overwrite(fm, "overwrite_across_chunks", start, max(end, boundary + 1))
 
     def append(self, fm: FileModel) -> None:
         path = fm.path
@@ -531,7 +531,7 @@ class Workload:
         out: dict = {}
         try:
             cached = self.fs.client.runtime().routing.get()
-            h = self.fs._open_handle(fm.path, meta_pb2.OPEN_READ)
+            h = self.fs.client.open(fm.path, meta_pb2.OPEN_READ)
             fresh = self.fs.client.meta.routing()
             chunks = sorted(
                 {

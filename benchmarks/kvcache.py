@@ -656,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                 + ("" if load is None else f"; other processes used {load:.2f} CPUs")
             )
         doc["cache_stats"] = {c.name: vars(c.cache.stats()) for c in cases}
-        doc["slab_files"] = {c.name: len(c.cache._slabs) for c in cases}
+        doc["slab_files"] = {c.name: len(c.cache.slabs) for c in cases}
     finally:
         run.stop()
         if not args.keep:

@@ -56,6 +56,10 @@ class Capabilities:
         self._insecure = False
         self._prune_at = PRUNE_AT
 
+    def __len__(self) -> int:
+        """Inodes it holds capabilities of (expired ones included until pruned)."""
+        return len(self._held)
+
     def learn(self, token: bytes, session_id: int = 0) -> None:
         """Keep a capability the metaserver sent (an empty one: the cluster is insecure)."""
         if not token:

@@ -92,6 +92,9 @@ class EmberFileSystem(AbstractFileSystem):
         the process already has instead of faulting in new ones. For
         long-lived loader processes that read whole large files; the
         process's resident memory then stays at its peak.
+    interceptors : tuple, default ()
+        gRPC client interceptors wrapped around the metaserver channels
+        (tracing, or faults injected by tests).
     """
 
     protocol = PROTOCOLS
@@ -115,6 +118,7 @@ class EmberFileSystem(AbstractFileSystem):
     list_page = ClientOptions.list_page
     session_renew_interval = ClientOptions.session_renew_interval
     keep_memory = ClientOptions.keep_memory
+    interceptors = ClientOptions.interceptors
 
     def __init__(
         self, meta: str | None = None, token: str | None = None, tls_ca: str | None = None, **kwargs

@@ -89,6 +89,11 @@ class Combiner:
         self._lead: tuple[int, float] | None = None  # the next caller gathers (see _run)
         self._expected: int | None = None  # the callers a gathering caller waits for
 
+    def queued(self) -> int:
+        """Callers waiting for the next call."""
+        with self._cond:
+            return len(self._queued)
+
     def call(self, item):
         """``item``'s result (its exception raised)."""
         slot = _Slot(item)
@@ -173,6 +178,9 @@ class MetaClient:
         then the client config file.
     tls_ca : str or None
         CA certificate (PEM path) of a metaserver that speaks TLS.
+    interceptors : tuple
+        gRPC client interceptors wrapped around every channel (tracing, or
+        faults injected by tests).
 
     Attributes
     ----------
@@ -189,8 +197,10 @@ class MetaClient:
         ids: RequestIds | None = None,
         token: str | None = None,
         tls_ca: str | None = None,
+        interceptors: tuple = (),
     ) -> None:
         self.addresses = split_addresses(address)
+        self.interceptors = tuple(interceptors)
         self._current = 0  # the metaserver calls go to
         self.token = token if token is not None else config.default_token()
         # sent with every call (as call metadata: a channel interceptor costs every call more)
@@ -241,6 +251,8 @@ class MetaClient:
                     ],
                 )
                 self._channels[index] = channel
+                if self.interceptors:
+                    channel = grpc.intercept_channel(channel, *self.interceptors)
                 self._stub_pairs[index] = (
                     meta_pb2_grpc.MetaServiceStub(channel),
                     cluster_pb2_grpc.ClusterServiceStub(channel),

@@ -49,6 +49,9 @@ class ClientOptions:
     keep_memory : bool
         Keep freed memory in this process (see
         :func:`emberfs.client.memory.keep_freed_memory`).
+    interceptors : tuple
+        gRPC client interceptors wrapped around the metaserver channels
+        (tracing, or faults injected by tests).
     """
 
     readahead_depth: int = 8
@@ -67,6 +70,7 @@ class ClientOptions:
     list_page: int = 2000
     session_renew_interval: float = 60.0
     keep_memory: bool = False
+    interceptors: tuple = ()
 
     @classmethod
     def of(cls, source) -> ClientOptions:

@@ -152,6 +152,11 @@ class ReadaheadCache(BaseCache):
         self._last_end = -1
         self._streak = 0
 
+    @property
+    def held(self) -> int:
+        """Blocks fetched or being fetched, not yet read or dropped."""
+        return len(self._blocks)
+
     # access pattern ------------------------------------------------------------
     def _observe(self, start: int, stop: int) -> bool:
         """Record a read of [start, stop); True when it continues a sequential scan."""
@@ -369,6 +374,11 @@ class SharedReadahead:
         self._front = -1  # end of the furthest read of the stream
         self._seek = -1  # end of the last read away from it
         self._streak = 0
+
+    def held(self) -> list[tuple[int, int]]:
+        """``(bytes read, length)`` of each block fetched or being fetched, not yet dropped."""
+        with self._lock:
+            return [(b.served, b.length) for b in self._blocks.values()]
 
     def resize(self, size: int) -> None:
         """The file's size changed (a write or truncation): forget every block."""

@@ -50,6 +50,7 @@ class Runtime:
             ids=self.ids,
             token=client.token,
             tls_ca=client.tls_ca,
+            interceptors=opts.interceptors,
         )
         routing = self.routing = RoutingCache(self.meta.routing)
         self.pool = wire.ConnectionPool(

@@ -155,7 +155,7 @@ class BatchTransfer:
             for k, v in items.items():
                 self.fs.pipe_file(k, v, mode=mode, **kwargs)
             return
-        failed = self._write_files(items, exclusive=mode == "create")
+        failed = self.write_files(items, exclusive=mode == "create")
         for k in items:
             if k in failed:
                 raise failed[k]
@@ -192,7 +192,7 @@ class BatchTransfer:
             p: g if isinstance(g, OSError) else OpenHandle.from_open(p, g) for p, g in got.items()
         }
 
-    def _write_files(self, items: dict, exclusive: bool = False) -> dict[str, OSError]:
+    def write_files(self, items: dict, exclusive: bool = False) -> dict[str, OSError]:
         """Write whole files ``{stripped path: bytes-like}``, all at once; the failures by path.
 
         One ``BatchWriteOpen`` (per 1000), every chunk of every file at once
@@ -324,7 +324,7 @@ class BatchTransfer:
                 else:
                     values[targets[i]] = as_bytes(got)
                     index[targets[i]] = i
-            for dst, error in self._write_files(values).items():
+            for dst, error in self.write_files(values).items():
                 failed[index[dst]] = error
         for i, h in big:
             try:
@@ -369,7 +369,7 @@ class BatchTransfer:
                     index[r] = i
                 except OSError as exc:
                     failed[i] = exc
-            for r, error in self._write_files(values, exclusive=mode == "create").items():
+            for r, error in self.write_files(values, exclusive=mode == "create").items():
                 failed[index[r]] = error
             for i, local, r, size in group:
                 if i not in failed:

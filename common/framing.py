@@ -148,7 +148,7 @@ def _gf2_square(matrix: list[int]) -> list[int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _zeros_operator(n: int) -> tuple[tuple[int, ...], ...]:
+def zeros_operator(n: int) -> tuple[tuple[int, ...], ...]:
     """Tables of the map "CRC register after ``n`` more zero bytes" (n >= 1)."""
     op = [_CRC32C_POLY] + [1 << i for i in range(31)]  # one zero bit
     for _ in range(3):  # one zero byte
@@ -169,7 +169,7 @@ def _zeros_operator(n: int) -> tuple[tuple[int, ...], ...]:
 
 
 def _combine_by_table(crc_a: int, crc_b: int, len_b: int) -> int:
-    t0, t1, t2, t3 = _zeros_operator(len_b)
+    t0, t1, t2, t3 = zeros_operator(len_b)
     shifted = t0[crc_a & 0xFF] ^ t1[(crc_a >> 8) & 0xFF] ^ t2[(crc_a >> 16) & 0xFF]
     return shifted ^ t3[crc_a >> 24] ^ crc_b
 

@@ -318,6 +318,16 @@ class ConnectionPool:
             self._bad[address] = time.monotonic() + self.bad_ttl
         self.drop_idle(address)
 
+    def all_idle(self) -> bool:
+        """Whether every open connection is idle in the pool (none lent out)."""
+        with self._cond:
+            return all(self._open[a] == len(self._idle.get(a, [])) for a in self._open)
+
+    def connections(self, address: str) -> int:
+        """Connections open to ``address`` (idle or lent out)."""
+        with self._cond:
+            return self._open.get(address, 0)
+
     def is_bad(self, address: str) -> bool:
         until = self._bad.get(address)
         return until is not None and until > time.monotonic()

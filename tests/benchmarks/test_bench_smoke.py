@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _run(argv: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run_bench(argv: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("EMBERFS_META", None)
     proc = subprocess.Popen(
@@ -226,7 +226,7 @@ def test_compare_ratios_pair_rounds_and_report_their_range():
 
 
 def test_emberfs_bench_local_json():
-    r = _run(
+    r = run_bench(
         emberfs_command()
         + [
             "bench",
@@ -280,7 +280,7 @@ def test_emberfs_bench_local_json():
 def test_emberfs_bench_against_a_cluster_cleans_up(cluster):
     from emberfs.client.fs import EmberFileSystem
 
-    r = _run(
+    r = run_bench(
         emberfs_command()
         + [
             "bench",
@@ -308,7 +308,7 @@ def test_emberfs_bench_against_a_cluster_cleans_up(cluster):
 def test_emberfs_bench_unreachable_metaserver_exits_3():
     from emberfs.cli.localcluster import free_port
 
-    r = _run(
+    r = run_bench(
         emberfs_command() + ["bench", "--meta", f"127.0.0.1:{free_port()}", "--no-progress"],
         timeout=60,
     )
@@ -326,7 +326,7 @@ def test_reader_passes_report_every_pass(cluster, mode, option):
     path = f"/reader-passes-{mode}"
     fs.pipe_file(path, os.urandom(3 << 20))
     try:
-        r = _run(
+        r = run_bench(
             [
                 sys.executable,
                 str(ROOT / "benchmarks" / "reader.py"),
@@ -387,7 +387,7 @@ def test_compare_smoke(tmp_path):
         "--workdir",
         str(tmp_path / "work" / "here"),  # made when missing
     ]
-    r = _run(argv, timeout=420)
+    r = run_bench(argv, timeout=420)
     assert r.returncode == 0, r.stderr[-4000:]
     (json_path,) = out.glob("*.json")
     doc = json.loads(json_path.read_text())
@@ -483,7 +483,7 @@ def test_compare_smoke(tmp_path):
 
 
 def test_meta_longlived_smoke():
-    r = _run(
+    r = run_bench(
         [
             sys.executable,
             "benchmarks/meta_longlived.py",
@@ -505,10 +505,10 @@ def test_meta_longlived_smoke():
 @pytest.mark.timeout(300)
 def test_integrity_benchmarks_run_small():
     argv = [sys.executable, "-m", "benchmarks.integrity"]
-    speed = json.loads(_run(argv + ["scrub-speed", "--chunks", "4"], 120).stdout)
+    speed = json.loads(run_bench(argv + ["scrub-speed", "--chunks", "4"], 120).stdout)
     assert speed["bytes"] == 4 * (4 << 20) and speed["scrub_gb_s"] > 0
     scale = json.loads(
-        _run(argv + ["fsck-scale", "--files", "1500", "--data-files", "50"], 240).stdout
+        run_bench(argv + ["fsck-scale", "--files", "1500", "--data-files", "50"], 240).stdout
     )
     assert scale["summary"]["clean"] and scale["summary"]["files"] == 1500
     assert scale["summary"]["chunks"] == 50 and scale["summary"]["replicas"] == 150

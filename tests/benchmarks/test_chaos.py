@@ -277,7 +277,7 @@ def test_the_workload_reports_a_write_that_never_reached_storage(cluster, tmp_pa
         w.create()
         w.create()
         fm = next(iter(w.files.values()))
-        w._overwrite(fm, "overwrite_in_chunk", 0, 5000)  # a real write: the file has 5000 bytes
+        w.overwrite(fm, "overwrite_in_chunk", 0, 5000)  # a real write: the file has 5000 bytes
         wid = fm.new_write(0, 1000, 3000)
         fm.write_at(wid, True, 0)  # as if acknowledged; nothing was written
         w.read_back(fm, 0, None)

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 kv_bench = importlib.import_module("benchmarks.kvcache")
-from tests.benchmarks.test_bench_smoke import _run  # noqa: E402
+from tests.benchmarks.test_bench_smoke import run_bench  # noqa: E402
 
 GETS = ["get_slab", "get_one_file", "get_files_cat", "get_files_readinto"]
 PUTS = ["put_slab", "put_one_file", "put_files"]
@@ -72,7 +72,7 @@ def test_kvcache_bench_quick(tmp_path):
         "--workdir",
         str(work),
     ]
-    proc = _run(argv, timeout=240)
+    proc = run_bench(argv, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     assert list(work.iterdir()) == []  # nothing is left behind

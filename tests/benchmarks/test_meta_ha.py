@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 meta_ha = importlib.import_module("benchmarks.meta_ha")
-from tests.benchmarks.test_bench_smoke import _run  # noqa: E402
+from tests.benchmarks.test_bench_smoke import run_bench  # noqa: E402
 
 SETUPS = {"rocksdb", "etcd", "etcd2"}
 FORMS = {"1x1", "8x1", "8x2"}
@@ -70,7 +70,7 @@ def test_meta_ha_quick(tmp_path):
         "--workdir",
         str(tmp_path / "work"),
     ]
-    proc = _run(argv, timeout=360)
+    proc = run_bench(argv, timeout=360)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     assert doc["config"]["quick"] is True

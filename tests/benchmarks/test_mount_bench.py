@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 mount_bench = importlib.import_module("benchmarks.mount")
-from tests.benchmarks.test_bench_smoke import _run  # noqa: E402
+from tests.benchmarks.test_bench_smoke import run_bench  # noqa: E402
 
 SIZE_MIB, FILES = 32, 50
 
@@ -77,7 +77,7 @@ def test_mount_bench_tiny(tmp_path):
         "--workdir",
         str(work),
     ]
-    proc = _run(argv, timeout=240)
+    proc = run_bench(argv, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     # nothing is left behind: no mount, no process, no work directory

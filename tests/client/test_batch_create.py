@@ -247,29 +247,56 @@ class LostAnswer(grpc.RpcError):
         return ()
 
 
-class LosingStub:
-    """A MetaService stub whose first answer of each method in ``lossy`` is lost.
+class Around(grpc.UnaryUnaryClientInterceptor):
+    """A gRPC client interceptor that runs each call through :meth:`around`.
+
+    ``around(method, request, send)`` returns the answer; ``send()`` sends
+    the call and returns its answer (or raises its error).
+    """
+
+    def intercept_unary_unary(self, continuation, details, request):
+        method = details.method.rsplit("/", 1)[-1]
+        answer = self.around(method, request, lambda: continuation(details, request).result())
+        return _Answered(answer)
+
+    def around(self, method: str, request, send):
+        return send()
+
+
+class _Answered:
+    """A finished call's outcome as an interceptor returns it."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+
+    def result(self, timeout=None):
+        return self.answer
+
+
+def client_with(cluster, interceptor, **options) -> EmberFileSystem:
+    """A filesystem whose metaserver calls pass through ``interceptor``."""
+    return EmberFileSystem(
+        cluster.meta_address, interceptors=(interceptor,), skip_instance_cache=True, **options
+    )
+
+
+class LosingStub(Around):
+    """Loses the first answer of each method in ``lossy``.
 
     The call itself reaches the metaserver and is applied; the client retries it.
     """
 
-    def __init__(self, stub, lossy: tuple[str, ...]) -> None:
-        self._stub = stub
+    def __init__(self, lossy: tuple[str, ...]) -> None:
         self.sent: dict[str, list] = {m: [] for m in lossy}
 
-    def __getattr__(self, method: str):
-        call = getattr(self._stub, method)
+    def around(self, method, request, send):
         if method not in self.sent:
-            return call
-
-        def lose_first(request, **kwargs):
-            self.sent[method].append(request.SerializeToString())
-            answer = call(request, **kwargs)
-            if len(self.sent[method]) == 1:
-                raise LostAnswer()
-            return answer
-
-        return lose_first
+            return send()
+        self.sent[method].append(request.SerializeToString())
+        answer = send()
+        if len(self.sent[method]) == 1:
+            raise LostAnswer()
+        return answer
 
 
 def test_pipe_whose_answers_are_lost_writes_each_file_once(fs, base, cluster, monkeypatch):
@@ -277,12 +304,12 @@ def test_pipe_whose_answers_are_lost_writes_each_file_once(fs, base, cluster, mo
     fs.makedirs(d)
     rng = random.Random(2)
     blobs = blobs_under(d, [f"f{i:02d}" for i in range(30)], rng)
-    mc = fs.client.meta
-    stubs = mc._stubs()
-    losing = LosingStub(stubs[0], ("BatchWriteOpen", "BatchClose"))
-    monkeypatch.setitem(mc._stub_pairs, mc._current, (losing, stubs[1]))
-
-    fs.pipe(blobs, mode="create")  # exclusive: a retry must not fail on its own creations
+    losing = LosingStub(("BatchWriteOpen", "BatchClose"))
+    lossy = client_with(cluster, losing)
+    try:
+        lossy.pipe(blobs, mode="create")  # exclusive: a retry must not fail on its own creations
+    finally:
+        lossy.close()
 
     # each call was sent twice, the same request both times
     for method, sent in losing.sent.items():
@@ -349,25 +376,18 @@ class InternalError(LostAnswer):
         return "internal error in the metaserver"
 
 
-class FailingOnce:
-    """A MetaService stub whose first call of ``method`` fails as a whole (the metaserver's
-    internal error); the call never reached the namespace."""
+class FailingOnce(Around):
+    """Fails the first call of ``method`` as a whole (the metaserver's internal error);
+    the call never reached the namespace."""
 
-    def __init__(self, stub, method: str) -> None:
-        self._stub, self._method, self.failed = stub, method, 0
+    def __init__(self, method: str) -> None:
+        self.method, self.failed = method, 0
 
-    def __getattr__(self, method: str):
-        call = getattr(self._stub, method)
-        if method != self._method:
-            return call
-
-        def once(request, **kwargs):
-            if not self.failed:
-                self.failed += 1
-                raise InternalError()
-            return call(request, **kwargs)
-
-        return once
+    def around(self, method, request, send):
+        if method == self.method and not self.failed:
+            self.failed += 1
+            raise InternalError()
+        return send()
 
 
 def test_a_batch_close_that_fails_as_a_whole_leaves_no_file_without_its_data(fs, base, cluster):
@@ -375,90 +395,81 @@ def test_a_batch_close_that_fails_as_a_whole_leaves_no_file_without_its_data(fs,
     fs.makedirs(d)
     rng = random.Random(5)
     blobs = blobs_under(d, [f"f{i:02d}" for i in range(6)], rng, 1000, 50_000)
-    mc = fs.client.meta
-    stubs = mc._stubs()
-    failing = FailingOnce(stubs[0], "BatchClose")
-    mc._stub_pairs[mc._current] = (failing, stubs[1])
+    failing = FailingOnce("BatchClose")
+    unlucky = client_with(cluster, failing)
+    mc = unlucky.client.meta
     try:
         with pytest.raises(OSError):
-            fs.pipe(blobs, mode="create")
-        mc._stub_pairs[mc._current] = stubs
+            unlucky.pipe(blobs, mode="create")
         assert failing.failed == 1
         # the metaserver answers again: nothing of the failed batch stays half made
         assert_no_file_without_its_data(fs, d, blobs)
     finally:
-        mc._stub_pairs[mc._current] = stubs
         # end the sessions the batch may have left open (they would wait for their expiry)
         resp = httpx.get(f"{cluster.admin_url}/api/v1/sessions", timeout=30).json()
         left = [(s["inode"], s["session_id"]) for s in resp if s["client_id"] == mc.ids.client_id]
         mc.batch_close([(i, sid, 0, False) for i, sid in left], [d] * len(left))
+        unlucky.close()
 
 
 # 4. a metaserver killed while a pipe of many small files runs -----------------------------
 
 
-class KillingStub:
-    """A MetaService stub that kills the metaserver ``delay`` s after ``method`` is first sent.
+class KillingStub(Around):
+    """Kills the metaserver ``delay`` s after ``method`` is first sent.
 
     With ``delay`` None it kills once the first call of ``method`` has been answered.
     ``attempts`` records how each call of ``method`` ended (True: answered), ``took``
     the seconds each answered call of any method took.
     """
 
-    def __init__(self, stub, cluster, method: str, delay: float | None) -> None:
-        self._stub, self._cluster, self._method, self._delay = stub, cluster, method, delay
+    def __init__(self, cluster, method: str, delay: float | None) -> None:
+        self.cluster, self.method, self.delay = cluster, method, delay
         self.killed = threading.Event()
         self.took: dict[str, list[float]] = {}
         self.attempts: list[bool] = []
 
-    def _kill(self) -> None:
-        self._cluster.kill_meta()
+    def kill(self) -> None:
+        self.cluster.kill_meta()
         self.killed.set()
 
-    def __getattr__(self, method: str):
-        call = getattr(self._stub, method)
-        mine = method == self._method
-
-        def sent(request, **kwargs):
-            first = mine and not self.attempts and not self.killed.is_set()
-            if first and self._delay is not None:
-                threading.Timer(self._delay, self._kill).start()
-            t0 = time.monotonic()
-            try:
-                answer = call(request, **kwargs)
-            except grpc.RpcError:
-                if mine:
-                    self.attempts.append(False)
-                raise
-            self.took.setdefault(method, []).append(time.monotonic() - t0)
+    def around(self, method, request, send):
+        mine = method == self.method
+        first = mine and not self.attempts and not self.killed.is_set()
+        if first and self.delay is not None:
+            threading.Timer(self.delay, self.kill).start()
+        t0 = time.monotonic()
+        try:
+            answer = send()
+        except grpc.RpcError:
             if mine:
-                self.attempts.append(True)
-            if first and self._delay is None:
-                self._kill()
-            return answer
+                self.attempts.append(False)
+            raise
+        self.took.setdefault(method, []).append(time.monotonic() - t0)
+        if mine:
+            self.attempts.append(True)
+        if first and self.delay is None:
+            self.kill()
+        return answer
 
-        return sent
 
-
-def _pipe_through_a_crash(c, fs, blobs: dict, method: str, delay: float | None):
+def _pipe_through_a_crash(c, blobs: dict, method: str, delay: float | None):
     """``fs.pipe(blobs, mode="create")`` while the metaserver is killed in ``method``; restarted.
 
-    Returns the pipe's error (None when it returned), the failures ``_write_files``
+    Returns the pipe's error (None when it returned), the failures ``write_files``
     reported by path, and the :class:`KillingStub` (how the calls went).
     """
-    mc = fs.client.meta
-    stubs = mc._stubs()
-    killing = KillingStub(stubs[0], c, method, delay)
-    mc._stub_pairs[mc._current] = (killing, stubs[1])
+    killing = KillingStub(c, method, delay)
+    fs = client_with(c, killing, retry_timeout=60.0)
     reported: dict = {}
-    write_files = fs.transfers._write_files
+    write_files = fs.transfers.write_files
 
     def spying(items, exclusive=False):
         out = write_files(items, exclusive)
         reported.update(out)
         return out
 
-    fs.transfers._write_files = spying
+    fs.transfers.write_files = spying
     outcome: list = []
 
     def run() -> None:
@@ -477,8 +488,7 @@ def _pipe_through_a_crash(c, fs, blobs: dict, method: str, delay: float | None):
         t.join(90)
         assert not t.is_alive(), "the pipe did not end after the metaserver came back"
     finally:
-        mc._stub_pairs[mc._current] = stubs
-        del fs.transfers._write_files
+        fs.close()
     return outcome[0], reported, killing
 
 
@@ -512,7 +522,7 @@ def test_a_metaserver_killed_during_a_pipe_of_many_files_leaves_no_file_without_
         # (a) killed once the files are open: their data goes to storage while it is
         # down, and their closes are retried until it is back
         blobs = files("/crash-opened")
-        error, reported, a = _pipe_through_a_crash(c, fs, blobs, "BatchWriteOpen", None)
+        error, reported, a = _pipe_through_a_crash(c, blobs, "BatchWriteOpen", None)
         _check_no_file_without_its_data(c, "/crash-opened", blobs, error, reported)
         assert error is None, error
         assert a.attempts == [True]
@@ -521,7 +531,7 @@ def test_a_metaserver_killed_during_a_pipe_of_many_files_leaves_no_file_without_
         # time the call of (a) took): some files made, no answer; the retry finds them
         blobs = files("/crash-opening")
         delay = a.took["BatchWriteOpen"][0] / 3
-        error, reported, b = _pipe_through_a_crash(c, fs, blobs, "BatchWriteOpen", delay)
+        error, reported, b = _pipe_through_a_crash(c, blobs, "BatchWriteOpen", delay)
         _check_no_file_without_its_data(c, "/crash-opening", blobs, error, reported)
         assert error is None, error
 
@@ -529,7 +539,7 @@ def test_a_metaserver_killed_during_a_pipe_of_many_files_leaves_no_file_without_
         # the one of (b), after the restart, took): some sessions ended, no answer
         blobs = files("/crash-closing")
         delay = b.took["BatchClose"][-1] / 3
-        error, reported, _ = _pipe_through_a_crash(c, fs, blobs, "BatchClose", delay)
+        error, reported, _ = _pipe_through_a_crash(c, blobs, "BatchClose", delay)
         _check_no_file_without_its_data(c, "/crash-closing", blobs, error, reported)
         assert error is None, error
     finally:

@@ -76,4 +76,4 @@ def test_expired_capabilities_are_dropped_as_more_files_are_opened():
     for inode in range(1, 5000):
         caps.learn(KEYS.sign_capability(inode, read=True, write=False, ttl=-1))
     caps.learn(KEYS.sign_capability(99999, read=True, write=False, ttl=60))
-    assert len(caps._held) < 1000  # the expired ones went when the count passed PRUNE_AT
+    assert len(caps) < 1000  # the expired ones went when the count passed PRUNE_AT

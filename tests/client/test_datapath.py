@@ -372,8 +372,7 @@ def finish(pending, size=PIECE):
 
 def pool_idle(pool) -> bool:
     """Every open connection is idle in the pool."""
-    with pool._cond:
-        return all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
+    return pool.all_idle()
 
 
 def test_reads_sent_to_one_server_share_one_connection(one_server):
@@ -419,8 +418,7 @@ def test_a_connection_whose_answers_nobody_wants_is_closed(one_server):
     for p in sent(client, range(3)):
         p.cancel()
     assert client.lanes.sent() == 0
-    with client.pool._cond:
-        assert client.pool._open[server.address] == 0  # closed, not pooled with answers in it
+    assert client.pool.connections(server.address) == 0  # closed, not pooled with answers in it
     assert finish(sent(client, [0])[0]) == content[:PIECE]
     assert server.connections == 2
 
@@ -442,8 +440,7 @@ def test_a_broken_connection_fails_its_sent_reads_and_they_are_fetched(make_clie
     assert finish(second) is None and finish(third) is None
     assert client.pool.is_bad(flaky.address)
     assert client.lanes.sent() == 0
-    with client.pool._cond:
-        assert client.pool._open[flaky.address] == 0
+    assert client.pool.connections(flaky.address) == 0
 
 
 def test_sent_reads_from_two_threads_share_a_connection(one_server):
@@ -496,8 +493,7 @@ def test_an_error_in_the_middle_of_an_answer_closes_the_connection(one_server):
     first, second = sent(client, range(2))
     with pytest.raises(TypeError):  # a read-only buffer: the answer is left half read
         first.finish_into(memoryview(bytes(PIECE)))
-    with client.pool._cond:
-        assert client.pool._open[server.address] == 0
+    assert client.pool.connections(server.address) == 0
     assert finish(second) is None  # its connection is gone: the caller fetches it instead
     assert read(client, PIECE, PIECE) == content[PIECE : 2 * PIECE]
     assert client.lanes.sent() == 0

@@ -81,13 +81,13 @@ def test_random_small_reads_do_not_read_ahead(fs, blob):
         for offset in (len(data) - 8, len(data) - 5000, 7 * MiB + 1, 123):
             f.seek(offset)
             assert f.read(8) == data[offset : offset + 8]
-            assert not cache._blocks  # nothing fetched beyond what was asked
+            assert not cache.held  # nothing fetched beyond what was asked
         assert cache.total_requested_bytes == 32
         # reading on from where the last read ended starts the pipeline
         f.seek(0)
         f.read(100)
         f.read(100)
-        assert cache._blocks
+        assert cache.held
 
 
 def test_readline_and_iteration(fs, base):
@@ -232,9 +232,7 @@ def _nothing_held(fs) -> bool:
     """No sent read outstanding and every open data connection idle in the pool."""
     data = fs.client.runtime().data
     pool = data.pool
-    with pool._cond:
-        idle = all(pool._open[a] == len(pool._idle.get(a, [])) for a in pool._open)
-    return idle and data.lanes.sent() == 0
+    return pool.all_idle() and data.lanes.sent() == 0
 
 
 def _wait_nothing_held(fs, seconds: float = 5.0) -> bool:

@@ -12,21 +12,27 @@ import httpx
 import pytest
 from fsspec.callbacks import Callback
 
+from emberfs.client import paths
 from emberfs.client.fs import EmberFileSystem
 
 MiB = 1024 * 1024
 
 
 def test_strip_protocol_and_url_kwargs():
-    strip = EmberFileSystem._strip_protocol
+    strip = paths.strip_protocol
     assert strip("emberfs://10.0.0.1:9400/a/b/") == "/a/b"
     assert strip("ember:///a//b") == "/a/b"
     assert strip("a/b") == "/a/b"
     assert strip("/") == "/"
     assert strip("emberfs://h:1") == "/"
     assert strip(["/x/", "emberfs:///y"]) == ["/x", "/y"]
-    assert EmberFileSystem._get_kwargs_from_urls("emberfs://h:9/a") == {"meta": "h:9"}
-    assert EmberFileSystem._get_kwargs_from_urls("emberfs:///a") == {}
+    assert paths.meta_of_url("emberfs://h:9/a") == "h:9"
+    assert paths.meta_of_url("emberfs:///a") is None
+    # fsspec finds the filesystem and its metaserver in a URL through the same rules
+    fs, path = fsspec.core.url_to_fs("emberfs://h:9/a//b/", skip_instance_cache=True)
+    assert isinstance(fs, EmberFileSystem) and fs.meta == "h:9" and path == "/a/b"
+    fs, path = fsspec.core.url_to_fs("ember:///c", meta="h:8", skip_instance_cache=True)
+    assert fs.meta == "h:8" and path == "/c"
 
 
 def test_default_meta_from_environment(monkeypatch):

@@ -39,7 +39,7 @@ def test_a_call_alone_goes_alone_and_overlapping_calls_go_together():
     others = [threading.Thread(target=call, args=(x,)) for x in ("b", "bad", "c", "d")]
     for t in others:
         t.start()
-    while len(combiner._queued) < 4:
+    while combiner.queued() < 4:
         threading.Event().wait(0.001)
     release.set()
     for t in [first, *others]:
@@ -59,7 +59,7 @@ def test_a_failed_batch_fails_each_of_its_calls():
     with ThreadPoolExecutor(4) as pool:
         outcomes = list(pool.map(lambda i: _outcome(combiner.call, i), range(20)))
     assert all(isinstance(o, ConnectionError) for o in outcomes)
-    assert not combiner._queued
+    assert combiner.queued() == 0
     assert isinstance(_outcome(combiner.call, "later"), ConnectionError)  # nothing stuck
 
 

@@ -81,7 +81,7 @@ def test_sequential_reads_grow_the_window_up_to_depth(source):
         part = cache._fetch(pos, pos + 300)
         out += part
         pos += len(part)
-        sizes.append(len(cache._blocks))
+        sizes.append(cache.held)
     assert out == d
     assert source.sync == [(0, 300)]  # only the first read was exact
     fetched = sorted(source.blocks)
@@ -233,7 +233,7 @@ def test_shared_readahead_fetches_each_block_once_from_reordered_concurrent_read
                 assert got == src.data[start : start + len(got)]
         fetched = sum(hi - lo for lo, hi in src.blocks) + sum(hi - lo for lo, hi in src.into)
         assert fetched <= size + 4 * BS, (fetched, size)  # each block once (and one spare)
-        assert ra._blocks == {} or all(b.served < b.length for b in ra._blocks.values())
+        assert all(served < length for served, length in ra.held())
         ra.close()
 
 

@@ -323,7 +323,7 @@ def test_crc32c_combine_of_two_parts():
 
 def test_odd_last_blocks_build_no_tables():
     """Small files end in short blocks of every length; only block sizes get a table."""
-    framing._zeros_operator.cache_clear()
+    framing.zeros_operator.cache_clear()
     rng = random.Random(5)
     for _ in range(40):
         size = rng.randrange(65536 + 1, 4 * 65536)
@@ -333,4 +333,4 @@ def test_odd_last_blocks_build_no_tables():
     assert framing.combine_crcs(framing.block_crcs(data, 6000), 6000, len(data)) == (
         crc32c.crc32c(data)
     )
-    assert framing._zeros_operator.cache_info().currsize == 1
+    assert framing.zeros_operator.cache_info().currsize == 1

@@ -50,18 +50,18 @@ def _docker_unavailable() -> str | None:
     return None
 
 
-_SKIP_REASON = _docker_unavailable()
+SKIP_REASON = _docker_unavailable()
 
 pytestmark = [
     pytest.mark.docker,
     pytest.mark.slow,
-    pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or ""),
+    pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
     # Bringing the cluster up may build the base image and the server image first.
     pytest.mark.timeout(1500),
 ]
 
 
-def _wait_until(check: Callable[[], bool], timeout: float, what: str, interval=0.5) -> None:
+def wait_until(check: Callable[[], bool], timeout: float, what: str, interval=0.5) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if check():
@@ -165,7 +165,7 @@ class ComposeCluster:
         )
 
     def wait_serving(self, timeout: float = 120) -> None:
-        _wait_until(self.all_serving, timeout, "every target serving")
+        wait_until(self.all_serving, timeout, "every target serving")
 
     def node_targets(self, node: str) -> list[dict]:
         return [t for t in self.targets() if t["node"] == node]
@@ -207,7 +207,7 @@ class ComposeCluster:
                 )
 
 
-def _project_leftovers(project: str) -> list[str]:
+def project_leftovers(project: str) -> list[str]:
     """Containers, networks and volumes that still belong to a compose project."""
     label = f"label=com.docker.compose.project={project}"
     found: list[str] = []
@@ -317,7 +317,7 @@ def test_kill_storage_during_large_read(compose_cluster: ComposeCluster):
         assert not wrong, f"killed at {killed_at >> 20} MiB; wrong: {wrong}"
         assert h.hexdigest() == digest
         # The metaserver notices: the killed node's targets leave the serving state.
-        _wait_until(
+        wait_until(
             lambda: all(t["state"] != "serving" for t in c.node_targets("storage2")),
             30,
             "storage2's targets to go offline",
@@ -368,7 +368,7 @@ def test_network_partition_offline_writes_then_resync(compose_cluster: ComposeCl
 
         c.docker("network", "disconnect", c.network, victim)
         disconnected = True
-        _wait_until(
+        wait_until(
             lambda: all(t["state"] == "offline" for t in c.node_targets("storage3")),
             30,
             "storage3's targets to go offline",
@@ -406,7 +406,7 @@ def test_network_partition_offline_writes_then_resync(compose_cluster: ComposeCl
             return ok
 
         try:
-            _wait_until(identical, 120, "identical replicas", interval=2)
+            wait_until(identical, 120, "identical replicas", interval=2)
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {state['why']}") from None
 
@@ -462,7 +462,7 @@ def test_a_replica_cut_from_the_metaserver_alone_serves_no_stale_bytes(
         for rule in rules:
             _iptables(c, "storage3", "-I", *rule)
             cut.append(rule)
-        _wait_until(
+        wait_until(
             lambda: all(t["state"] == "offline" for t in c.node_targets("storage3")),
             30,
             "storage3's targets to go offline",
@@ -530,7 +530,7 @@ def test_metaserver_restart_keeps_namespace_and_clients(compose_cluster: Compose
         assert not errors, f"writes failed across the restart: {errors[0]!r}"
         assert started_during_restart, "no write overlapped the restart"
 
-        _wait_until(lambda: c.health("metaserver") == "running/healthy", 120, "metaserver health")
+        wait_until(lambda: c.health("metaserver") == "running/healthy", 120, "metaserver health")
         c.wait_serving(120)
         tree_after = {
             p: (i["type"], i["size"]) for p, i in fs.find("/", withdirs=True, detail=True).items()
@@ -615,14 +615,14 @@ def test_client_container_listing_and_stop_unmounts(compose_cluster: ComposeClus
     r = c.script("compose", "start", "client", timeout=60)
     assert r.returncode == 0, r.stderr
     health = ("inspect", "-f", "{{.State.Health.Status}}", cid)
-    _wait_until(lambda: c.docker(*health).strip() == "healthy", 60, "the client to mount again")
+    wait_until(lambda: c.docker(*health).strip() == "healthy", 60, "the client to mount again")
     assert "from-host.bin" in _in_client(c, "ls /mnt/emberfs/mount")
 
 
 def test_down_leaves_nothing_behind(compose_cluster: ComposeCluster):
     c = compose_cluster
-    assert _project_leftovers(c.project), "the cluster should exist before it is taken down"
+    assert project_leftovers(c.project), "the cluster should exist before it is taken down"
     r = c.down()
     assert r.returncode == 0, r.stderr
-    assert _project_leftovers(c.project) == []
+    assert project_leftovers(c.project) == []
     assert not (ROOT / "deploy" / ".cache" / "clusters" / f"{c.project}.env").exists()

@@ -26,13 +26,13 @@ import pytest
 from emberfs.cli.localcluster import free_port
 from emberfs.client.fs import EmberFileSystem
 from tests.deploy.test_compose import (
-    _SKIP_REASON,
     ROOT,
+    SKIP_REASON,
     STORAGE_SERVICES,
     TARGETS_PER_NODE,
     ComposeCluster,
-    _project_leftovers,
-    _wait_until,
+    project_leftovers,
+    wait_until,
 )
 from tests.load import WriteReadLoad
 
@@ -45,7 +45,7 @@ MiB = 1024 * 1024
 pytestmark = [
     pytest.mark.docker,
     pytest.mark.slow,
-    pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or ""),
+    pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
     # Bringing the cluster up may build the base image and the server image first.
     pytest.mark.timeout(1500),
 ]
@@ -119,7 +119,7 @@ class HAComposeCluster(ComposeCluster):
             found[0] = self.leader()
             return found[0] is not None
 
-        _wait_until(known, timeout, "a metaserver that leads", interval=0.2)
+        wait_until(known, timeout, "a metaserver that leads", interval=0.2)
         return found[0]
 
     def fs(self, **kwargs) -> EmberFileSystem:
@@ -142,7 +142,7 @@ class HAComposeCluster(ComposeCluster):
         raise AssertionError("no etcd member names a leader")
 
     def wait_healthy(self, services, timeout: float = 90) -> None:
-        _wait_until(
+        wait_until(
             lambda: all(self.health(s) == "running/healthy" for s in services),
             timeout,
             f"{', '.join(services)} healthy",
@@ -247,23 +247,23 @@ def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(
         handle = fs.open("/failover/big.bin", "rb")
         first = handle.read(8 * MiB)
         load.start()
-        _wait_until(lambda: len(load) >= 10 or bool(load.errors), 60, "the first writes")
+        wait_until(lambda: len(load) >= 10 or bool(load.errors), 60, "the first writes")
         leader = c.wait_leader()
         survivor = next(m for m in METASERVERS if m != leader)
         victim_service, victim = leader, c.container(leader)
 
         killed_at = time.monotonic()
         c.docker("kill", "-s", "KILL", victim)
-        _wait_until(lambda: c.leads(survivor), 15, f"{survivor} to lead", interval=0.1)
+        wait_until(lambda: c.leads(survivor), 15, f"{survivor} to lead", interval=0.1)
         failover = time.monotonic() - killed_at
         print(f"\nfailover after kill -9 of {leader}: {failover:.2f} s to {survivor}")
 
         # The clients go on with the survivor, and the storage servers heartbeat to it.
         at_failover = len(load)
-        _wait_until(
+        wait_until(
             lambda: len(load) >= at_failover + 20 or bool(load.errors), 60, "writes on the survivor"
         )
-        _wait_until(
+        wait_until(
             lambda: all(
                 n["last_heartbeat_seconds"] is not None
                 and n["last_heartbeat_seconds"] < HEARTBEAT_TIMEOUT
@@ -280,7 +280,7 @@ def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(
         c.docker("start", victim)
         c.wait_healthy([leader], 60)
         survivor_id = c.leader_view(survivor)["id"]
-        _wait_until(
+        wait_until(
             lambda: (
                 (v := c.leader_view(leader)) is not None
                 and not v["leading"]
@@ -291,7 +291,7 @@ def test_kill_9_of_the_leading_metaserver_while_clients_write_and_read(
         )
         victim = None
         at_rejoin = len(load)
-        _wait_until(
+        wait_until(
             lambda: len(load) >= at_rejoin + 10 or bool(load.errors), 60, "writes after the rejoin"
         )
         assert c.leader() == survivor
@@ -434,7 +434,7 @@ def test_without_an_etcd_quorum_metadata_fails_clearly_and_open_files_keep_readi
 
 def test_down_leaves_nothing_behind(ha_cluster: HAComposeCluster):
     c = ha_cluster
-    leftovers = _project_leftovers(c.project)
+    leftovers = project_leftovers(c.project)
     assert any("etcd1-data" in x for x in leftovers), leftovers
     # every volume of a container, named or anonymous
     mounted = set()
@@ -444,6 +444,6 @@ def test_down_leaves_nothing_behind(ha_cluster: HAComposeCluster):
     assert len(mounted) >= len(ETCD_SERVICES) + len(METASERVERS) + len(STORAGE_SERVICES)
     r = c.down()
     assert r.returncode == 0, r.stderr
-    assert _project_leftovers(c.project) == []
+    assert project_leftovers(c.project) == []
     assert not mounted & set(c.docker("volume", "ls", "-q").split())
     assert not (ROOT / "deploy" / ".cache" / "clusters" / f"{c.project}.env").exists()

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -41,21 +42,31 @@ def test_blocks_go_straight_into_the_callers_buffers(make_cache):
     assert cache.contains([b"missing", keys[3]]) == [False, True]
 
 
-def test_a_batch_costs_one_metaserver_call_to_get_and_two_to_put(fs, make_cache):
+class CountingCalls(grpc.UnaryUnaryClientInterceptor):
+    """Records the MetaService methods a client calls (not the routing it fetches)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def intercept_unary_unary(self, continuation, details, request):
+        service, _, method = details.method.strip("/").partition("/")
+        if service == "emberfs.MetaService":
+            self.calls.append(method)
+        return continuation(details, request)
+
+
+def test_a_batch_costs_one_metaserver_call_to_get_and_two_to_put(cluster, make_cache):
     cache = make_cache(block_size=64 * KiB, blocks=256)
     keys = [key_of(i) for i in range(64)]
     blocks = [block_of(i, cache.block_size) for i in range(64)]
-    meta = fs.client.meta
-    calls = []
-    real = meta._call
-
-    def counted(service, method, request, path=None):
-        if service == "meta":  # not the routing, fetched once and cached
-            calls.append(method)
-        return real(service, method, request, path)
-
-    meta._call = counted
+    counter = CountingCalls()
+    counted = EmberFileSystem(
+        cluster.meta_address, interceptors=(counter,), skip_instance_cache=True
+    )
     try:
+        cache = KVCache(cache.path, fs=counted)
+        calls = counter.calls
+        calls.clear()
         cache.batch_put(keys, blocks)
         assert calls == ["KvReserve", "KvCommit"]
         calls.clear()
@@ -64,7 +75,7 @@ def test_a_batch_costs_one_metaserver_call_to_get_and_two_to_put(fs, make_cache)
         calls.clear()
         assert cache.batch_exists(keys) == 64 and calls == ["KvLookup"]
     finally:
-        meta._call = real
+        counted.close()
 
 
 def test_small_blocks_of_one_chunk_move_together(fs, make_cache):
