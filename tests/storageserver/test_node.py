@@ -302,7 +302,7 @@ def test_restarted_node_is_resynced_and_serves_again(meta, nodes, tmp_path):
     # heartbeats carry each target's data counters
     head = routing.chains[0].targets[0]
     head_node = next(n for n in nodes if head in n.stores)
-    (report,) = [r for r in head_node._reports() if r.target_id == head]
+    (report,) = [r for r in head_node.reports() if r.target_id == head]
     assert report.bytes_written >= sum(len(b) for b in blobs.values())
 
 
@@ -471,7 +471,7 @@ def test_a_gc_round_cut_short_by_a_moved_cluster_address_is_no_error(
     meta.wait_for(all_serving(1))
 
     def moved_mid_round(stub, stores, chains, **kw):
-        node._set_cluster_address(f"127.0.0.1:{free_port()}")
+        node.metaserver.set_cluster_address(f"127.0.0.1:{free_port()}")
         raise ValueError("Cannot invoke RPC on closed channel!")
 
     monkeypatch.setattr(node_module, "run_gc_once", moved_mid_round)
