@@ -86,7 +86,8 @@ from google.protobuf import descriptor as pbd
 from google.protobuf import message_factory, text_format
 from google.protobuf.message import DecodeError, Message
 
-from emberfs.cli.localcluster import LocalCluster, Service
+from emberfs.cli.localcluster import LocalCluster
+from emberfs.cli.processes import Service
 from emberfs.common import framing, grpcauth
 from emberfs.common.auth import (
     CALL_KEY,

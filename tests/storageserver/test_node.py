@@ -11,7 +11,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from emberfs.cli.localcluster import free_port
+from emberfs.cli.ports import free_port
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
 from emberfs.metaserver import cluster_service
