@@ -181,9 +181,13 @@ def test_heartbeats_follow_routing_and_reregister(meta, nodes, tmp_path):
     with meta.manager._lock:
         del meta.manager._nodes[node.node_id]
     deadline = time.monotonic() + 10
-    while node.node_id not in meta.manager._nodes and time.monotonic() < deadline:
+
+    def registered() -> bool:
+        return node.node_id in {n.node_id for n in meta.manager.nodes()}
+
+    while not registered() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert node.node_id in meta.manager._nodes
+    assert registered()
     assert node.routing.version == meta.routing().version or meta.wait_for(
         lambda r: node.routing.version == r.version, 5
     )
