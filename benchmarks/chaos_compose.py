@@ -74,7 +74,7 @@ class ComposeDriver:
     heartbeat_timeout = HEARTBEAT_TIMEOUT
 
     def __init__(self, data_dir: Path, token: str, project: str | None = None) -> None:
-        from emberfs.cli.localcluster import free_port
+        from emberfs.cli.ports import free_port
 
         self.data_dir = Path(data_dir)
         self.token: str | None = token

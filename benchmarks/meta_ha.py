@@ -903,7 +903,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(143)  # unwinds through the finally blocks that stop the servers
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    from emberfs.cli.localcluster import etcd_binary
+    from emberfs.cli.localetcd import etcd_binary
 
     etcd_binary()  # a clear error now when etcd is not installed
     if args.workdir:

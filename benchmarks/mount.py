@@ -342,7 +342,7 @@ class EmberMount:
     """``emberfs mount`` at a new directory under ``root``; ``umount`` unmounts it."""
 
     def __init__(self, root: Path, name: str, meta: str, options: list[str]) -> None:
-        from emberfs.cli.localcluster import emberfs_command
+        from emberfs.cli.processes import emberfs_command
 
         self.path = root / name
         self.path.mkdir(parents=True)
@@ -361,7 +361,7 @@ class EmberMount:
     def umount(self) -> None:
         if not os.path.ismount(self.path):
             return
-        from emberfs.cli.localcluster import emberfs_command
+        from emberfs.cli.processes import emberfs_command
 
         done = subprocess.run(
             emberfs_command() + ["umount", str(self.path)],
@@ -390,7 +390,7 @@ class JuiceFS:
     """
 
     def __init__(self, root: Path) -> None:
-        from emberfs.cli.localcluster import free_port
+        from emberfs.cli.ports import free_port
 
         self.root = root
         self.binary = juicefs_binary() or "juicefs"

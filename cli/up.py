@@ -28,7 +28,8 @@ import sys
 import threading
 from pathlib import Path
 
-from emberfs.cli.localcluster import LocalCluster, etcd_binary
+from emberfs.cli.localcluster import LocalCluster
+from emberfs.cli.localetcd import etcd_binary
 from emberfs.client import config
 from emberfs.common.signals import StopSignals
 

@@ -65,7 +65,8 @@ _FILE_NAME = re.compile(r"([0-9a-f]{8})\.([0-9a-f]{1,16})\.([0-9a-f]{1,16})")
 _INODE_DIR = re.compile(r"[0-9a-f]{16}")
 _SPARE_NAME = re.compile(r"[0-9a-f]{1,16}")
 _DIRECT_ALIGN = 4096  # buffer address, file offset and length of an O_DIRECT write
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
+#: the open flag of direct I/O (0 where the platform has none)
+O_DIRECT = getattr(os, "O_DIRECT", 0)
 _SCRATCH_MAX = 16 * 1024 * 1024  # largest aligned copy kept per thread
 _scratch = threading.local()
 
@@ -163,7 +164,7 @@ class ChunkFiles:
     ):
         self.root = Path(root)
         self.fsync = fsync
-        self.direct_io = bool(direct_io and _O_DIRECT)
+        self.direct_io = bool(direct_io and O_DIRECT)
         self.direct_min = DIRECT_MIN if direct_min is None else direct_min
         if spare_bytes < 0:
             raise ValueError("spare_bytes must not be negative")
@@ -327,7 +328,7 @@ class ChunkFiles:
         if n == 0:
             return 0
         try:
-            fd = os.open(path, os.O_WRONLY | _O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, os.O_WRONLY | O_DIRECT | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise

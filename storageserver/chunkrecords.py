@@ -155,6 +155,14 @@ class ChunkRecord:
         self.p_version = self.p_fid = self.p_len = self.p_sum = 0
         self.p_crcs = []
 
+    def committed_file(self, files: ChunkFiles, inode: int, index: int) -> tuple[Path, int]:
+        """The file of the committed version of chunk ``(inode, index)``, and its length."""
+        return files.path(inode, index, self.c_version, self.c_fid), self.c_len
+
+    def pending_file(self, files: ChunkFiles, inode: int, index: int) -> tuple[Path, int]:
+        """The file of the pending version of chunk ``(inode, index)``, and its length."""
+        return files.path(inode, index, self.p_version, self.p_fid), self.p_len
+
     def meta(self, inode: int, index: int) -> ChunkMeta:
         """What the record says of chunk ``(inode, index)``."""
         return ChunkMeta(

@@ -48,10 +48,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import crc32c
-
 from emberfs.common import framing
 from emberfs.common.layout import MAX_CHUNK_SIZE
+from emberfs.storageserver.chunkcontent import cut_content, written_content
 from emberfs.storageserver.chunkfiles import DEFAULT_SPARE_BYTES, ChunkFiles, pread_all
 from emberfs.storageserver.chunkrecords import (
     ChunkMeta,
@@ -218,12 +217,6 @@ class ChunkStore:
             size = max(old, offset + length)
         return self.space.admit(size)
 
-    def _committed_file(self, inode: int, index: int, rec: ChunkRecord) -> tuple[Path, int]:
-        return self._files.path(inode, index, rec.c_version, rec.c_fid), rec.c_len
-
-    def _pending_file(self, inode: int, index: int, rec: ChunkRecord) -> tuple[Path, int]:
-        return self._files.path(inode, index, rec.p_version, rec.p_fid), rec.p_len
-
     def _new_version(self, inode: int, index: int, version: int, content, switch):
         """Write ``content`` as a new file of ``version``, then let ``switch`` point a record at it.
 
@@ -257,7 +250,7 @@ class ChunkStore:
         if ((rec.c_version, rec.c_fid) if rec else (0, 0)) != base_ref:
             return None, [], None  # committed meanwhile: build again
         rec = rec or ChunkRecord()
-        replaced = [self._pending_file(inode, index, rec)] if rec.p_version else []
+        replaced = [rec.pending_file(self._files, inode, index)] if rec.p_version else []
         rec.p_version, rec.p_fid = pending[0], fid
         rec.p_len, rec.p_sum, rec.p_crcs = pending[1:]
         return rec, replaced, rec.meta(inode, index)
@@ -344,27 +337,17 @@ class ChunkStore:
             raise ValueError(f"write [{offset}, {offset + n}) crosses the chunk size {chunk_size}")
         if full_chunk and offset:
             raise ValueError("a full-chunk write starts at offset 0")
-        bs = self.block_size
-
-        def build(base: ChunkRecord | None):
-            old_len = base.c_len if base and base.c_version else 0
-            if full_chunk or (offset == 0 and n >= old_len):
-                block_crcs = crcs
-                if block_crcs is None or len(block_crcs) != framing.n_blocks(n, bs):
-                    block_crcs = framing.block_crcs(view, bs)
-                return view, list(block_crcs), framing.combine_crcs(block_crcs, bs, n)
-            path = self._files.path(inode, index, base.c_version, base.c_fid) if old_len else None
-            content = self._files.patched(path, old_len, offset, view)
-            new_len = len(content)
-            mv = memoryview(content)
-            first = min(offset, old_len) // bs
-            last = framing.n_blocks(offset + n, bs)
-            old = base.c_crcs if base else []
-            patched = list(old[:first])
-            patched.extend(crc32c.crc32c(mv[i * bs : (i + 1) * bs]) for i in range(first, last))
-            patched.extend(old[last : framing.n_blocks(new_len, bs)])
-            return content, patched, framing.combine_crcs(patched, bs, new_len)
-
+        build = functools.partial(
+            written_content,
+            self._files,
+            inode,
+            index,
+            offset=offset,
+            view=view,
+            block_size=self.block_size,
+            full_chunk=full_chunk,
+            crcs=crcs,
+        )
         return self._stage_new(inode, index, version, build)
 
     def stage_truncate(self, inode: int, index: int, version: int, length: int) -> ChunkMeta:
@@ -378,21 +361,9 @@ class ChunkStore:
         check_version(version)
         if not isinstance(length, int) or not 0 <= length <= MAX_CHUNK_SIZE:
             raise ValueError(f"length {length!r} is out of range")
-        bs = self.block_size
-
-        def build(base: ChunkRecord | None):
-            old_len = base.c_len if base and base.c_version else 0
-            new_len = min(length, old_len)
-            if new_len == 0:
-                return b"", [], crc32c.crc32c(b"")
-            path = self._files.path(inode, index, base.c_version, base.c_fid)
-            content = self._files.read(path, 0, new_len)
-            full = new_len // bs
-            crcs = list(base.c_crcs[:full])
-            if new_len % bs:
-                crcs.append(crc32c.crc32c(memoryview(content)[full * bs :]))
-            return content, crcs, framing.combine_crcs(crcs, bs, new_len)
-
+        build = functools.partial(
+            cut_content, self._files, inode, index, length=length, block_size=self.block_size
+        )
         return self._stage_new(inode, index, version, build)
 
     def commit(self, inode: int, index: int, version: int) -> ChunkMeta:
@@ -419,7 +390,7 @@ class ChunkStore:
                 )
             garbage = []
             if rec.c_version:
-                garbage.append(self._committed_file(inode, index, rec))
+                garbage.append(rec.committed_file(self._files, inode, index))
             rec.c_version, rec.c_fid, rec.c_len = rec.p_version, rec.p_fid, rec.p_len
             rec.c_sum, rec.c_crcs = rec.p_sum, rec.p_crcs
             self.repaired += rec.damaged
@@ -438,7 +409,7 @@ class ChunkStore:
             rec = self._records.get(inode, index)
             if rec is None or rec.p_version != version:
                 return
-            garbage = [self._pending_file(inode, index, rec)]
+            garbage = [rec.pending_file(self._files, inode, index)]
             rec.drop_pending()
             if rec.c_version:
                 self._records.put(inode, index, rec)
@@ -491,9 +462,9 @@ class ChunkStore:
             if stale(rec):
                 return None, [], False
             rec = rec or ChunkRecord()
-            replaced = [self._committed_file(inode, index, rec)] if rec.c_version else []
+            replaced = [rec.committed_file(self._files, inode, index)] if rec.c_version else []
             if rec.p_version and (replace or rec.p_version <= version):
-                replaced.append(self._pending_file(inode, index, rec))
+                replaced.append(rec.pending_file(self._files, inode, index))
                 rec.drop_pending()
             rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
             self.repaired += rec.damaged
@@ -535,9 +506,9 @@ class ChunkStore:
             self._count -= 1
         garbage = []
         if rec.c_version:
-            garbage.append(self._committed_file(inode, index, rec))
+            garbage.append(rec.committed_file(self._files, inode, index))
         if rec.p_version:
-            garbage.append(self._pending_file(inode, index, rec))
+            garbage.append(rec.pending_file(self._files, inode, index))
         self._files.retire(garbage)
         return True
 

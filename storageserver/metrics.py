@@ -183,3 +183,31 @@ def start_metrics_server(
         The address cannot be bound.
     """
     return start_http_server(port, addr=host, registry=registry)
+
+
+class IoCounters:
+    """Bytes each target of one data server sent to readers and stored by writes.
+
+    Every count also goes to the process's metrics (:func:`count_read`,
+    :func:`count_written`).
+    """
+
+    def __init__(self) -> None:
+        self._io: dict[int, list[int]] = {}  # target id -> [bytes read, bytes written]
+        self._lock = threading.Lock()
+
+    def get(self, target_id: int) -> tuple[int, int]:
+        """(bytes sent to readers, bytes stored by writes) of a target since start."""
+        with self._lock:
+            read, written = self._io.get(target_id, (0, 0))
+            return read, written
+
+    def count(self, target_id: int, read: int = 0, written: int = 0) -> None:
+        with self._lock:
+            counters = self._io.setdefault(target_id, [0, 0])
+            counters[0] += read
+            counters[1] += written
+        if read:
+            count_read(target_id, read)
+        if written:
+            count_written(target_id, written)

@@ -11,15 +11,9 @@ A node owns ``--targets`` targets, ``DATA_DIR/target-<k>`` for k = 1..N, each a
 - sends a heartbeat with its targets' usage (and whether each is full) every
   ``heartbeat_interval`` seconds and keeps the newest routing information it
   hears of; each answered heartbeat extends the lease it serves under (see
-  :meth:`Node.fenced`). Heartbeats, GC and resync reports go to the cluster
-  address the metaserver names in its answers (``ClusterService`` on worker
-  threads that metadata calls never occupy) once a connection to it is up,
-  else to ``meta_address``; a heartbeat that fails there is sent again to
-  ``meta_address`` at once. With several metaservers (``--meta h1:p1,h2:p2``:
-  one etcd store), node calls go to the one that leads: a metaserver that does
-  not answers :class:`~emberfs.common.errors.NotLeader` naming the leader, and
-  the node moves there; one that does not answer at all is left for the next
-  in the list;
+  :meth:`Node.fenced`). Which metaserver node calls go to, and through which
+  address, is :class:`~emberfs.storageserver.membership.MetaserverLink`'s
+  to say;
 - runs a background loop that drains the garbage-collection queue and, for
   each local SERVING target whose successor is SYNCING, copies the chunks the
   successor lacks (one resync per chain at a time) and reports ``SyncDone``.
@@ -28,72 +22,36 @@ A node owns ``--targets`` targets, ``DATA_DIR/target-<k>`` for k = 1..N, each a
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import socket
 import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import NamedTuple
 
 import grpc
 
-from emberfs.common import errors, grpcauth
-from emberfs.common.addresses import join_address, split_address, split_addresses
+from emberfs.common import grpcauth
+from emberfs.common.addresses import join_address, split_address
 from emberfs.common.auth import ClusterKeys
 from emberfs.common.grpcauth import AuthInterceptor
 from emberfs.common.routing import SERVING, RoutingView
-from emberfs.proto import cluster_pb2, cluster_pb2_grpc
+from emberfs.proto import cluster_pb2
 from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import DEFAULT_SPARE_BYTES, ChunkStore
 from emberfs.storageserver.dataserver import DataServer
 from emberfs.storageserver.gc import run_gc_once
+from emberfs.storageserver.membership import RPC_TIMEOUT, Lease, MetaserverLink
 from emberfs.storageserver.resync import sync_successor
 from emberfs.storageserver.scrub import Scrubber
 from emberfs.storageserver.service import StorageServicer, add_to_server
 from emberfs.storageserver.space import DEFAULT_RESERVE_BYTES
+from emberfs.storageserver.targets import load_node_id, read_target_id, target_reports, write_atomic
 
 log = logging.getLogger(__name__)
 
-RPC_TIMEOUT = 5.0
 GRPC_WORKERS = 16
 MAX_TARGETS = 64
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a crash leaves the old or the new content."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_int(path: Path) -> int:
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        return 0
-    if not text.isdigit():
-        raise ValueError(f"{path} does not hold a target id: {text[:40]!r}")
-    return int(text)
-
-
-class _Lane(NamedTuple):
-    """A channel to the metaserver's cluster address, and whether it has connected."""
-
-    address: str
-    channel: grpc.Channel
-    stub: cluster_pb2_grpc.ClusterServiceStub
-    connected: grpc.Future
 
 
 class Node:
@@ -173,8 +131,7 @@ class Node:
         if not 1 <= targets <= MAX_TARGETS:
             raise ValueError(f"targets must be between 1 and {MAX_TARGETS}")
         self.data_dir = Path(data_dir)
-        self.meta_addresses = split_addresses(meta_address)
-        self.meta_address = self.meta_addresses[0]  # the metaserver node calls go to now
+        self.metaserver = MetaserverLink(meta_address, keys, tls)
         self.listen = split_address(listen)
         self.grpc_listen = split_address(grpc_listen) if grpc_listen else None
         self.advertise = split_address(advertise) if advertise else None
@@ -203,7 +160,7 @@ class Node:
         self._view = RoutingView()
         self._view_lock = threading.Lock()
         self._have_routing = False
-        self._lease_until = 0.0  # monotonic: serving stops then unless the metaserver answers
+        self._lease = Lease()
         self._target_ids: list[int] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -222,10 +179,6 @@ class Node:
         self._scrub_timing = (scrub_interval, scrub_delay)
         self._syncs: dict[int, threading.Thread] = {}
         self._sync_retry_at: dict[int, float] = {}
-        self._channel: grpc.Channel | None = None
-        self._cluster: cluster_pb2_grpc.ClusterServiceStub | None = None
-        self._lane: _Lane | None = None  # the metaserver's cluster address
-        self._retired: _Lane | None = None  # the one before, closed at the next change
         self._data: DataServer | None = None
         self._grpc: grpc.Server | None = None
 
@@ -259,15 +212,17 @@ class Node:
         the metaserver declares its targets offline, so a client with old
         routing never reads from it what the chain has since overwritten.
         """
-        return time.monotonic() >= self._lease_until
+        return self._lease.expired()
 
-    def _extend_lease(self, sent: float, seconds: float) -> None:
-        """An answer to a request sent at ``sent`` (monotonic) grants ``seconds`` (0: no limit)."""
-        until = sent + seconds if seconds > 0 else float("inf")
-        if until > self._lease_until:
-            if self.fenced():
-                log.warning("the metaserver answers again: serving")
-            self._lease_until = until
+    @property
+    def meta_address(self) -> str:
+        """The metaserver node calls go to now."""
+        return self.metaserver.meta_address
+
+    @property
+    def meta_addresses(self) -> list[str]:
+        """The metaservers the node knows of."""
+        return self.metaserver.meta_addresses
 
     def chain_of(self, target_id: int) -> int:
         return self._view.chain_of(target_id)
@@ -275,42 +230,15 @@ class Node:
     def state_of(self, target_id: int) -> int:
         return self._view.state(target_id)
 
-    def _reports(self) -> list[cluster_pb2.TargetReport]:
-        # Targets on one filesystem share its capacity: each reports its share, so the
-        # cluster's total counts every disk once.
-        devices = [os.stat(store.root).st_dev for store in self._local]
-        out = []
-        for store, tid, dev in zip(self._local, self._target_ids, devices, strict=True):
-            st = store.stats()
-            read, written = self._data.io_counters(tid) if self._data and tid else (0, 0)
-            out.append(
-                cluster_pb2.TargetReport(
-                    target_id=tid,
-                    capacity=st["capacity"] // devices.count(dev),
-                    used=st["used"],
-                    chunks=st["chunks"],
-                    bytes_read=read,
-                    bytes_written=written,
-                    full=st["full"],
-                )
-            )
-            if self.scrubber is not None and tid:
-                out[-1].scrub.CopyFrom(self.scrubber.report(tid, store.repaired))
-        return out
+    def reports(self) -> list[cluster_pb2.TargetReport]:
+        """The usage report of each local target, as heartbeats carry them."""
+        io_counters = self._data.io_counters if self._data is not None else None
+        return target_reports(self._local, self._target_ids, io_counters, self.scrubber)
 
     # ------------------------------------------------------------------ lifecycle
 
     def _load_node_id(self) -> str:
-        if self._node_id_arg:
-            return self._node_id_arg
-        path = self.data_dir / "node_id"
-        if path.exists():
-            node_id = path.read_text().strip()
-            if node_id:
-                return node_id
-        node_id = f"{socket.gethostname()}-{secrets.token_hex(4)}"
-        _write_atomic(path, node_id + "\n")
-        return node_id
+        return self._node_id_arg or load_node_id(self.data_dir)
 
     def start(self) -> bool:
         """Open the targets, start both servers, register (retrying) and start the loops.
@@ -328,7 +256,7 @@ class Node:
                 reserve_bytes=self.reserve_bytes,
             )
             self._local.append(store)
-            self._target_ids.append(_read_int(store.root / "target_id"))
+            self._target_ids.append(read_target_id(store.root / "target_id"))
 
         host, port = self.listen
         self._data = DataServer(
@@ -375,8 +303,7 @@ class Node:
         self.data_address = join_address(adv_host, adv_port)
         self.grpc_address = join_address(adv_host, bound)
 
-        self._channel = grpcauth.channel(self.meta_address, keys=self.keys, tls=self.tls)
-        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
+        self.metaserver.connect()
         if not self._register_until_done():
             return False
         loops = [("heartbeat", self._heartbeat_loop, ()), ("background", self._bg_loop, ())]
@@ -398,12 +325,7 @@ class Node:
             self._grpc.stop(grace=1.0).wait(5)
         for t in self._threads + list(self._syncs.values()):
             t.join(timeout=10)
-        self._set_cluster_address("")
-        if self._retired is not None:
-            self._retired.channel.close()
-            self._retired = None
-        if self._channel is not None:
-            self._channel.close()
+        self.metaserver.close()
         deadline = time.monotonic() + 5
         while self._data is not None and self._data.connections and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -434,10 +356,10 @@ class Node:
             node_id=self.node_id,
             data_address=self.data_address,
             grpc_address=self.grpc_address,
-            targets=self._reports(),
+            targets=self.reports(),
         )
         sent = time.monotonic()
-        resp = self._cluster.RegisterNode(req, timeout=RPC_TIMEOUT)
+        resp = self.metaserver.cluster.RegisterNode(req, timeout=RPC_TIMEOUT)
         if len(resp.target_ids) != len(self._local):
             raise RuntimeError(
                 f"the metaserver returned {len(resp.target_ids)} target ids for "
@@ -448,83 +370,15 @@ class Node:
             if tid == 0 or tid in stores:
                 raise RuntimeError(f"the metaserver returned an invalid target id {tid}")
             path = store.root / "target_id"
-            if _read_int(path) != tid:
-                _write_atomic(path, f"{tid}\n")
+            if read_target_id(path) != tid:
+                write_atomic(path, f"{tid}\n")
             stores[tid] = store
         self._target_ids = list(resp.target_ids)
         self._stores = stores
         self.set_routing(resp.routing)
-        self._extend_lease(sent, resp.lease_seconds)
-        self._set_cluster_address(resp.cluster_address)
+        self._lease.extend(sent, resp.lease_seconds)
+        self.metaserver.set_cluster_address(resp.cluster_address)
         log.info("registered node %s with targets %s", self.node_id, sorted(stores))
-
-    def _set_cluster_address(self, address: str) -> None:
-        """Send node calls to the metaserver's cluster ``address`` once it connects ("": never).
-
-        A wildcard host stands for the host of ``meta_address``.
-        """
-        if address:
-            host, port = split_address(address)
-            if host in ("", "0.0.0.0", "::"):
-                host = split_address(self.meta_address)[0]
-            address = join_address(host, port)
-        lane = self._lane
-        if lane is not None and lane.address == address:
-            return
-        self._lane = None
-        if address:
-            channel = grpcauth.channel(address, keys=self.keys, tls=self.tls)
-            stub = cluster_pb2_grpc.ClusterServiceStub(channel)
-            self._lane = _Lane(address, channel, stub, grpc.channel_ready_future(channel))
-        if lane is not None:
-            lane.connected.cancel()
-            # calls may still run on its channel (a GC round, a report): it closes at the next
-            # change or when the node stops, not under them
-            retired, self._retired = self._retired, lane
-            if retired is not None:
-                retired.channel.close()
-
-    def _node_calls(self) -> cluster_pb2_grpc.ClusterServiceStub:
-        """Where node calls go: the cluster address once connected, else ``meta_address``."""
-        lane = self._lane
-        if lane is not None and lane.connected.done() and not lane.connected.cancelled():
-            return lane.stub
-        return self._cluster
-
-    def _follow(self, exc: grpc.RpcError) -> bool:
-        """A call to :attr:`meta_address` failed: move to the leader it named, or to the
-        next metaserver when it named none or did not answer; whether the node moved."""
-        leader = errors.leader_of(exc)
-        if leader:
-            target = leader
-            if target not in self.meta_addresses:
-                self.meta_addresses.append(target)
-        elif len(self.meta_addresses) > 1:
-            i = self.meta_addresses.index(self.meta_address)
-            target = self.meta_addresses[(i + 1) % len(self.meta_addresses)]
-        else:
-            return False
-        if target == self.meta_address:
-            return False
-        log.warning(
-            "metaserver %s %s; node calls go to %s",
-            self.meta_address,
-            "does not lead"
-            if leader
-            else "knows no leader"
-            if leader is not None
-            else f"failed ({exc.code().name})",
-            target,
-        )
-        self._set_cluster_address("")
-        old, self.meta_address = self._channel, target
-        self._channel = grpcauth.channel(target, keys=self.keys, tls=self.tls)
-        self._cluster = cluster_pb2_grpc.ClusterServiceStub(self._channel)
-        if old is not None:
-            retired, self._retired = self._retired, _Lane(target, old, None, None)
-            if retired is not None:
-                retired.channel.close()
-        return True
 
     def _register_until_done(self) -> bool:
         delay = 0.1
@@ -534,7 +388,7 @@ class Node:
                 return True
             except grpc.RpcError as exc:
                 log.warning("registration with %s failed: %s", self.meta_address, exc.details())
-                if self._follow(exc):
+                if self.metaserver.follow(exc):
                     delay = 0.1
                     continue
             except Exception:
@@ -546,32 +400,17 @@ class Node:
     def heartbeat_once(self) -> None:
         """Send one heartbeat; register again when the metaserver asks."""
         req = cluster_pb2.HeartbeatRequest(
-            node_id=self.node_id, targets=self._reports(), routing_version=self._view.version
+            node_id=self.node_id, targets=self.reports(), routing_version=self._view.version
         )
         sent = time.monotonic()
-        stub, lane = self._node_calls(), self._lane
-        try:
-            resp = stub.Heartbeat(req, timeout=RPC_TIMEOUT)
-        except grpc.RpcError as exc:
-            if stub is self._cluster:
-                raise
-            # the cluster address is gone (a restart moved it) or stalled: the main one tells
-            log.warning(
-                "heartbeat to %s failed (%s); sending it to %s",
-                lane.address,
-                exc.code(),
-                self.meta_address,
-            )
-            self._set_cluster_address("")
-            resp = self._cluster.Heartbeat(req, timeout=RPC_TIMEOUT)
-        self._set_cluster_address(resp.cluster_address)
+        resp = self.metaserver.heartbeat(req)
         if resp.reregister:
             log.warning("the metaserver does not know this node; registering again")
             self._register_once()
             return
         if resp.HasField("routing"):
             self.set_routing(resp.routing)
-        self._extend_lease(sent, resp.lease_seconds)
+        self._lease.extend(sent, resp.lease_seconds)
         if self.scrubber is not None and resp.HasField("scrub"):
             self.scrubber.control(resp.scrub.paused, resp.scrub.start)
 
@@ -582,7 +421,7 @@ class Node:
                 self.heartbeat_once()
                 return
             except grpc.RpcError as exc:
-                if not self._follow(exc):
+                if not self.metaserver.follow(exc):
                     raise
         self.heartbeat_once()
 
@@ -617,7 +456,7 @@ class Node:
             length=meta.length,
         )
         try:
-            self._node_calls().ReportLostChunk(req, timeout=RPC_TIMEOUT)
+            self.metaserver.node_calls().ReportLostChunk(req, timeout=RPC_TIMEOUT)
         except grpc.RpcError as exc:  # readers report it again when they meet it
             log.warning("could not report damaged chunk %d:%d: %s", meta.inode, meta.index, exc)
 
@@ -628,10 +467,10 @@ class Node:
         # A target still being resynced collects once it serves: a copy of a chunk its source
         # had not collected yet could otherwise arrive after the target collected the inode.
         serving = {t: store for t, store in stores.items() if view.state(t) == SERVING}
-        lane = self._lane
+        lane = self.metaserver.lane
         try:
             run_gc_once(
-                self._node_calls(),
+                self.metaserver.node_calls(),
                 serving,
                 {t: view.chain_of(t) for t in serving},
                 hold=self._data.replica.truncating,
@@ -639,7 +478,7 @@ class Node:
         except grpc.RpcError as exc:
             log.info("garbage collection round failed: %s", exc.details())
         except Exception as exc:
-            if isinstance(exc, ValueError) and self._lane is not lane:
+            if isinstance(exc, ValueError) and self.metaserver.lane is not lane:
                 # the cluster address moved (a metaserver restart): its channel closed mid-round
                 log.info("garbage collection round cut short: %s", exc)
             else:
@@ -685,7 +524,7 @@ class Node:
                 keys=self.keys,
                 tls=self.tls,
             )
-            resp = self._node_calls().SyncDone(
+            resp = self.metaserver.node_calls().SyncDone(
                 cluster_pb2.SyncDoneRequest(
                     chain_id=task.chain_id,
                     chain_version=task.chain_version,

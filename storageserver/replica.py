@@ -19,7 +19,8 @@ version, what to stage, what to send the successor) or an immediate answer;
 :meth:`Replica.staging_failed`, :meth:`Replica.successor_answered`,
 :meth:`Replica.aborted` and :meth:`Replica.committed` take what happened and
 say what follows. The data server (:mod:`emberfs.storageserver.dataserver`)
-receives the frames, stages, forwards, commits and answers.
+receives the frames; its updates (:mod:`emberfs.storageserver.updates`) stage,
+forward and commit them.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ metadata and the fields of a request; refusals are the framed protocol's
 :class:`~emberfs.common.wire.Refused` errors. What a replica remembers between
 requests (version floors, answers, locks) lives in
 :class:`~emberfs.storageserver.replica.Replica`, which applies these rules; the
-data server (:mod:`emberfs.storageserver.dataserver`) does the sending and writing.
+data server's updates (:mod:`emberfs.storageserver.updates`) do the sending and writing.
 
 The rules, as 3FS applies CRAQ:
 

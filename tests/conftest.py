@@ -21,7 +21,8 @@ import tempfile
 import pytest
 from hypothesis import Phase, settings
 
-from emberfs.cli.localcluster import LocalCluster, LocalEtcd
+from emberfs.cli.localcluster import LocalCluster
+from emberfs.cli.localetcd import LocalEtcd
 from emberfs.client.fs import EmberFileSystem
 
 pytest_plugins = ("pytester",)  # tests/test_conftest.py runs pytest on sample test files

@@ -10,7 +10,8 @@ from typing import Any
 
 import grpc
 
-from emberfs.cli.localcluster import LocalCluster, Service
+from emberfs.cli.localcluster import LocalCluster
+from emberfs.cli.processes import Service
 from emberfs.common import grpcauth
 from emberfs.common.auth import ClusterKeys
 from emberfs.proto import common_pb2, meta_pb2, meta_pb2_grpc

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from emberfs.cli import bench
-from emberfs.cli.localcluster import emberfs_command
+from emberfs.cli.processes import emberfs_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -306,7 +306,7 @@ def test_emberfs_bench_against_a_cluster_cleans_up(cluster):
 
 
 def test_emberfs_bench_unreachable_metaserver_exits_3():
-    from emberfs.cli.localcluster import free_port
+    from emberfs.cli.ports import free_port
 
     r = run_bench(
         emberfs_command() + ["bench", "--meta", f"127.0.0.1:{free_port()}", "--no-progress"],

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from emberfs.cli.localcluster import emberfs_command, free_port
+from emberfs.cli.ports import free_port
+from emberfs.cli.processes import emberfs_command
 
 TOKEN = os.environ["EMBERFS_ADMIN_TOKEN"]  # the suite's admin token (tests/conftest.py)
 

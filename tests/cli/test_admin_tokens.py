@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from emberfs.cli import admin
-from emberfs.cli.localcluster import emberfs_command
+from emberfs.cli.processes import emberfs_command
 from emberfs.metaserver.api import create_app
 from emberfs.metaserver.cluster import ClusterManager
 from emberfs.metaserver.gcqueue import GCQueue

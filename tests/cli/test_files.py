@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from emberfs.cli.localcluster import emberfs_command
+from emberfs.cli.processes import emberfs_command
 
 MiB = 1024 * 1024
 

@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from emberfs.cli.localcluster import emberfs_command, free_port
+from emberfs.cli.ports import free_port
+from emberfs.cli.processes import emberfs_command
 from emberfs.kvcache import KVCache, PutStatus
 
 KiB = 1024

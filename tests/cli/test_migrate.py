@@ -22,7 +22,8 @@ import time
 import pytest
 
 from emberfs.cli import migrate as migrate_cli
-from emberfs.cli.localcluster import LocalCluster, emberfs_command
+from emberfs.cli.localcluster import LocalCluster
+from emberfs.cli.processes import emberfs_command
 from emberfs.client.fs import EmberFileSystem
 from emberfs.metaserver import inodecounts, keys, records
 from emberfs.metaserver import migrate as migration

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from emberfs.cli import localcluster
-from emberfs.cli.localcluster import emberfs_command, free_port
+from emberfs.cli import ports as port_picking
+from emberfs.cli.ports import free_port
+from emberfs.cli.processes import emberfs_command
 
 pytestmark = pytest.mark.slow
 
@@ -201,7 +203,7 @@ def test_free_ports_lie_outside_the_ephemeral_range_and_avoid_the_ones_taken(tmp
     """A picked port can't be taken as an outgoing connection's source port before its bind."""
     ephemeral = tmp_path / "ip_local_port_range"
     ephemeral.write_text("20000\t60999\n")
-    monkeypatch.setattr(localcluster, "EPHEMERAL_PORTS", ephemeral)
+    monkeypatch.setattr(port_picking, "EPHEMERAL_PORTS", ephemeral)
     taken: set[int] = set()
     for _ in range(50):
         first = free_port(count=3, avoid=taken)

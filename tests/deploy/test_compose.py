@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from emberfs.cli.localcluster import free_port
+from emberfs.cli.ports import free_port
 from emberfs.client.fs import EmberFileSystem
 from emberfs.common import grpcauth
 from emberfs.common.auth import ClusterKeys

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from emberfs.cli.localcluster import free_port
+from emberfs.cli.ports import free_port
 from emberfs.client.fs import EmberFileSystem
 from tests.deploy.test_compose import (
     ROOT,

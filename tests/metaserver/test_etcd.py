@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from emberfs.cli.localcluster import LocalEtcd
+from emberfs.cli.localetcd import LocalEtcd
 from emberfs.common import errors
 from emberfs.metaserver import kv
 from emberfs.metaserver.etcd import Compactor, EtcdEngine, EtcdSettings

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from emberfs.cli.localcluster import emberfs_command
+from emberfs.cli.processes import emberfs_command
 from emberfs.client.fs import EmberFileSystem
 from emberfs.metaserver import keys, records
 from emberfs.metaserver.kv import RocksEngine

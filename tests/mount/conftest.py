@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from emberfs.cli.localcluster import emberfs_command
+from emberfs.cli.processes import emberfs_command
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from emberfs.cli.localcluster import emberfs_command
+from emberfs.cli.processes import emberfs_command
 from emberfs.client.fs import EmberFileSystem
 from tests.mount.conftest import unmount
 

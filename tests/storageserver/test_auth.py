@@ -134,7 +134,7 @@ def test_a_capability_reaches_only_its_own_file_and_access(secured):
     cluster, fs = secured
     mine, _ = a_file(fs, "/auth/mine.bin", CHUNK)
     theirs, info = a_file(fs, "/auth/theirs.bin", CHUNK)
-    mine_info = {"ino": fs.client.meta.stat("/auth/mine.bin").inode}
+    mine_info = {"ino": fs.info("/auth/mine.bin")["ino"]}
     view, chain = chain_of_chunk(cluster, info, 0)
     target = chain.tail
     read = data_pb2.ChunkReadRequest(

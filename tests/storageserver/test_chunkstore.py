@@ -624,7 +624,7 @@ def test_direct_io_refused_falls_back_to_the_page_cache(tmp_path, monkeypatch):
     real_open = os.open
 
     def refusing_open(path, flags, *args):
-        if flags & chunkfiles._O_DIRECT:
+        if flags & chunkfiles.O_DIRECT:
             raise OSError(errno_mod.EINVAL, "Invalid argument")
         return real_open(path, flags, *args)
 
@@ -666,7 +666,7 @@ def test_small_chunk_files_go_through_the_page_cache(tmp_path, monkeypatch):
     real_open = os.open
 
     def counting_open(path, flags, *args):
-        if flags & chunkfiles._O_DIRECT:
+        if flags & chunkfiles.O_DIRECT:
             direct_opens.append(path)
         return real_open(path, flags, *args)
 

@@ -34,12 +34,13 @@ class Cluster:
     def __init__(self, tmp_path, **server_kwargs):
         self.stores = {t: ChunkStore(tmp_path / f"target-{t}") for t in (1, 2, 3)}
         self.view = RoutingView()
+        self.views: dict[int, RoutingView] = {}  # a server's own view, when not the cluster's
         self.servers = {
             t: DataServer(
                 "127.0.0.1",
                 0,
                 stores=lambda t=t: {t: self.stores[t]},
-                routing=lambda: self.view,
+                routing=lambda t=t: self.views.get(t, self.view),
                 **server_kwargs,
             ).start()
             for t in (1, 2, 3)
@@ -304,11 +305,11 @@ def test_stale_successor_refuses_and_head_aborts(cluster):
     old = cluster.view
     cluster.set_chain({1: S, 2: S, 3: S}, (1, 2, 3))
     new = cluster.view
-    cluster.servers[1]._routing = lambda: old
+    cluster.views[1] = old
     status, err, _ = write(cluster, b"data", version=old.chains[1].version)
     assert status == Status.STALE_CHAIN
     assert all(m is None for m in metas(cluster))
-    cluster.servers[1]._routing = lambda: new
+    cluster.views[1] = new
     assert write(cluster, b"data")[0] == Status.OK
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from emberfs.cli.localcluster import free_port
+from emberfs.cli.ports import free_port
 from emberfs.client.fs import EmberFileSystem
 from emberfs.common import framing, wire
 from emberfs.common.auth import CapabilityCredential

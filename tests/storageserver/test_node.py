@@ -11,7 +11,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from emberfs.cli.localcluster import free_port
+from emberfs.cli.ports import free_port
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
 from emberfs.metaserver import cluster_service
@@ -181,9 +181,13 @@ def test_heartbeats_follow_routing_and_reregister(meta, nodes, tmp_path):
     with meta.manager._lock:
         del meta.manager._nodes[node.node_id]
     deadline = time.monotonic() + 10
-    while node.node_id not in meta.manager._nodes and time.monotonic() < deadline:
+
+    def registered() -> bool:
+        return node.node_id in {n.node_id for n in meta.manager.nodes()}
+
+    while not registered() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert node.node_id in meta.manager._nodes
+    assert registered()
     assert node.routing.version == meta.routing().version or meta.wait_for(
         lambda r: node.routing.version == r.version, 5
     )
@@ -302,7 +306,7 @@ def test_restarted_node_is_resynced_and_serves_again(meta, nodes, tmp_path):
     # heartbeats carry each target's data counters
     head = routing.chains[0].targets[0]
     head_node = next(n for n in nodes if head in n.stores)
-    (report,) = [r for r in head_node._reports() if r.target_id == head]
+    (report,) = [r for r in head_node.reports() if r.target_id == head]
     assert report.bytes_written >= sum(len(b) for b in blobs.values())
 
 
@@ -471,7 +475,7 @@ def test_a_gc_round_cut_short_by_a_moved_cluster_address_is_no_error(
     meta.wait_for(all_serving(1))
 
     def moved_mid_round(stub, stores, chains, **kw):
-        node._set_cluster_address(f"127.0.0.1:{free_port()}")
+        node.metaserver.set_cluster_address(f"127.0.0.1:{free_port()}")
         raise ValueError("Cannot invoke RPC on closed channel!")
 
     monkeypatch.setattr(node_module, "run_gc_once", moved_mid_round)

@@ -288,9 +288,7 @@ def test_a_damaged_chunk_is_replaced_on_the_successor_and_kept_from_the_source(p
     put(pred, 1, 1, 2, b"whole on the successor")
     put(succ, 1, 1, 2, b"whole on the successor")
     for store, index in ((succ, 0), (pred, 1)):  # each lost one file in a crash
-        rec = store._records.get(1, index)
-        rec.damaged = True
-        store._records.put(1, index, rec)
+        assert store.mark_damaged(1, index, store.meta(1, index).version)
     target = start()
     counts = run(pred, grpc_address, target)
     # the source's whole copy replaces the successor's damaged one, and the source's damaged
