@@ -181,8 +181,12 @@ class ChunkFiles:
         self._next_spare = 1
         self._readers: dict[Path, int] = {}  # files held by open_reader()
 
-    # ------------------------------------------------------------------ names
+    @property
+    def spares_named(self) -> int:
+        """Spare file names handed out so far (names are never reused)."""
+        return self._next_spare - 1
 
+    # ------------------------------------------------------------------ names
     def path(self, inode: int, index: int, version: int, fid: int) -> Path:
         """The file of ``version`` of chunk ``(inode, index)`` with file id ``fid``."""
         return self._chunks_dir / f"{inode:016x}" / f"{index:08x}.{version:x}.{fid:x}"

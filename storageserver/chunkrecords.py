@@ -200,19 +200,19 @@ class ChunkRecords:
         self.block_size = block_size
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
-        self._db = Rdict(str(self.root / "meta"), opts)
+        self.db = Rdict(str(self.root / "meta"), opts)
         self._wopts = WriteOptions()
         self._wopts.sync = sync
         try:
             self._check_config()
         except BaseException:
-            self._db.close()
+            self.db.close()
             raise
 
     def _check_config(self) -> None:
-        raw = self._db.get(_CONFIG_KEY)
+        raw = self.db.get(_CONFIG_KEY)
         if raw is None:
-            self._db.put(_CONFIG_KEY, _CONFIG.pack(_FORMAT, self.block_size), self._wopts)
+            self.db.put(_CONFIG_KEY, _CONFIG.pack(_FORMAT, self.block_size), self._wopts)
             return
         fmt, block_size = _CONFIG.unpack(raw)
         if fmt != _FORMAT:
@@ -240,7 +240,7 @@ class ChunkRecords:
         count = 0
         referenced: dict[Path, int] = {}
         max_fid = 0
-        it = self._db.iter()
+        it = self.db.iter()
         it.seek(_KEY.pack(1, 0))
         while it.valid():
             key, raw = it.key(), it.value()
@@ -280,24 +280,24 @@ class ChunkRecords:
                 changes += 1
             count += 1
         if changes:
-            self._db.write(batch, self._wopts)
+            self.db.write(batch, self._wopts)
         files.recover(referenced, max_fid)
         return count
 
     def get(self, inode: int, index: int) -> ChunkRecord | None:
         """The record of chunk ``(inode, index)``, or None."""
-        raw = self._db.get(_KEY.pack(inode, index))
+        raw = self.db.get(_KEY.pack(inode, index))
         return None if raw is None else ChunkRecord.decode(raw, self.block_size)
 
     def put(self, inode: int, index: int, rec: ChunkRecord) -> None:
         """Store the record of chunk ``(inode, index)``."""
         with self._no_space():
-            self._db.put(_KEY.pack(inode, index), rec.encode(), self._wopts)
+            self.db.put(_KEY.pack(inode, index), rec.encode(), self._wopts)
 
     def delete(self, inode: int, index: int) -> None:
         """Delete the record of chunk ``(inode, index)``."""
         with self._no_space():
-            self._db.delete(_KEY.pack(inode, index), self._wopts)
+            self.db.delete(_KEY.pack(inode, index), self._wopts)
 
     @contextlib.contextmanager
     def _no_space(self) -> Iterator[None]:
@@ -322,7 +322,7 @@ class ChunkRecords:
         start = _KEY.pack(max(inode, 1), 0)
         if after is not None:
             start = max(start, _KEY.pack(*after) + b"\x00")
-        it = self._db.iter()
+        it = self.db.iter()
         it.seek(start)
         n = 0
         while it.valid() and (limit is None or n < limit):
@@ -335,7 +335,7 @@ class ChunkRecords:
 
     def close(self) -> None:
         """Close the database."""
-        self._db.close()
+        self.db.close()
 
 
 __all__ = ["ChunkMeta", "ChunkRecord", "ChunkRecords"]

@@ -114,47 +114,47 @@ class ChunkStore:
             raise ValueError(f"block size {block_size} is out of range")
         self.root = Path(root)
         self.block_size = block_size
-        self._files = ChunkFiles(
+        self.files = ChunkFiles(
             self.root,
             fsync=fsync,
             direct_io=direct_io,
             direct_min=direct_min,
             spare_bytes=spare_bytes,
         )
-        self._records = ChunkRecords(self.root, block_size, sync=fsync)
+        self.records = ChunkRecords(self.root, block_size, sync=fsync)
         self._lock = threading.Lock()
         self._closed = False
         self.repaired = 0  # damaged committed chunks a whole copy replaced since the store opened
         try:
-            self._count = self._records.recover(self._files)
+            self._count = self.records.recover(self.files)
             self.space = SpaceGuard(
-                self.root, reserve=reserve_bytes, release=self._files.drop_spares
+                self.root, reserve=reserve_bytes, release=self.files.drop_spares
             )
         except BaseException:
-            self._records.close()
+            self.records.close()
             raise
 
     @property
     def fsync(self) -> bool:
         """Whether chunk files are fsynced and the metadata WAL synced before a change returns."""
-        return self._files.fsync
+        return self.files.fsync
 
     @property
     def direct_io(self) -> bool:
         """Whether chunk files are written with ``O_DIRECT`` (turned off on the first refusal)."""
-        return self._files.direct_io
+        return self.files.direct_io
 
     @property
     def spare_bytes(self) -> int:
         """Bytes of retired chunk files kept as spares at most."""
-        return self._files.spare_bytes
+        return self.files.spare_bytes
 
     # ------------------------------------------------------------------ reads
 
     def meta(self, inode: int, index: int) -> ChunkMeta | None:
         """The chunk's metadata, or None when the target has no such chunk."""
         check_chunk(inode, index)
-        rec = self._records.get(inode, index)
+        rec = self.records.get(inode, index)
         return None if rec is None else rec.meta(inode, index)
 
     @contextlib.contextmanager
@@ -173,15 +173,15 @@ class ChunkStore:
         """
         check_chunk(inode, index)
         with self._lock:
-            rec = self._records.get(inode, index)
+            rec = self.records.get(inode, index)
             if rec is None or not rec.c_version or rec.damaged:
                 raise KeyError((inode, index))
-            path = self._files.path(inode, index, rec.c_version, rec.c_fid)
-            fd = self._files.open_reader(path)
+            path = self.files.path(inode, index, rec.c_version, rec.c_fid)
+            fd = self.files.open_reader(path)
         try:
             yield fd, rec.meta(inode, index)
         finally:
-            self._files.close_reader(path, fd)
+            self.files.close_reader(path, fd)
 
     def read_committed(
         self, inode: int, index: int, offset: int = 0, length: int | None = None
@@ -212,7 +212,7 @@ class ChunkStore:
         check_chunk(inode, index)
         size = length
         if not full_chunk:
-            rec = self._records.get(inode, index)
+            rec = self.records.get(inode, index)
             old = rec.c_len if rec is not None and rec.c_version else 0
             size = max(old, offset + length)
         return self.space.admit(size)
@@ -225,24 +225,24 @@ class ChunkStore:
         None the new file is dropped. Returns the result.
         """
         with self.space.taking(len(content)):
-            path, fid = self._files.write(inode, index, version, content)
+            path, fid = self.files.write(inode, index, version, content)
         written = (path, len(content))
         garbage: list[tuple[Path, int]] = []
         try:
             with self._lock:
-                old = self._records.get(inode, index)
+                old = self.records.get(inode, index)
                 rec, replaced, result = switch(old, fid)
                 if rec is None:
                     garbage.append(written)
                 else:
                     with self.space.taking(len(content)):
-                        self._records.put(inode, index, rec)
+                        self.records.put(inode, index, rec)
                     self._count += old is None
                     garbage.extend(replaced)
         except BaseException:
-            self._files.retire([written])  # no record refers to it
+            self.files.retire([written])  # no record refers to it
             raise
-        self._files.retire(garbage)
+        self.files.retire(garbage)
         return result
 
     def _stage_switch(self, inode, index, base_ref, pending, rec: ChunkRecord | None, fid: int):
@@ -250,7 +250,7 @@ class ChunkStore:
         if ((rec.c_version, rec.c_fid) if rec else (0, 0)) != base_ref:
             return None, [], None  # committed meanwhile: build again
         rec = rec or ChunkRecord()
-        replaced = [rec.pending_file(self._files, inode, index)] if rec.p_version else []
+        replaced = [rec.pending_file(self.files, inode, index)] if rec.p_version else []
         rec.p_version, rec.p_fid = pending[0], fid
         rec.p_len, rec.p_sum, rec.p_crcs = pending[1:]
         return rec, replaced, rec.meta(inode, index)
@@ -262,7 +262,7 @@ class ChunkStore:
         version changes while the new file is written, the build is redone.
         """
         for _ in range(16):
-            base = self._records.get(inode, index)
+            base = self.records.get(inode, index)
             base_ref = (base.c_version, base.c_fid) if base else (0, 0)
             if base is not None and version <= base.c_version:
                 raise VersionConflict(
@@ -339,7 +339,7 @@ class ChunkStore:
             raise ValueError("a full-chunk write starts at offset 0")
         build = functools.partial(
             written_content,
-            self._files,
+            self.files,
             inode,
             index,
             offset=offset,
@@ -362,7 +362,7 @@ class ChunkStore:
         if not isinstance(length, int) or not 0 <= length <= MAX_CHUNK_SIZE:
             raise ValueError(f"length {length!r} is out of range")
         build = functools.partial(
-            cut_content, self._files, inode, index, length=length, block_size=self.block_size
+            cut_content, self.files, inode, index, length=length, block_size=self.block_size
         )
         return self._stage_new(inode, index, version, build)
 
@@ -380,7 +380,7 @@ class ChunkStore:
         check_chunk(inode, index)
         check_version(version)
         with self._lock:
-            rec = self._records.get(inode, index)
+            rec = self.records.get(inode, index)
             if rec is None or rec.p_version != version:
                 if rec is not None and rec.c_version == version and not rec.p_version:
                     return rec.meta(inode, index)
@@ -390,15 +390,15 @@ class ChunkStore:
                 )
             garbage = []
             if rec.c_version:
-                garbage.append(rec.committed_file(self._files, inode, index))
+                garbage.append(rec.committed_file(self.files, inode, index))
             rec.c_version, rec.c_fid, rec.c_len = rec.p_version, rec.p_fid, rec.p_len
             rec.c_sum, rec.c_crcs = rec.p_sum, rec.p_crcs
             self.repaired += rec.damaged
             rec.damaged = False  # whole content again (a damaged chunk stages only whole ones)
             rec.drop_pending()
-            self._records.put(inode, index, rec)
+            self.records.put(inode, index, rec)
             meta = rec.meta(inode, index)
-        self._files.retire(garbage)
+        self.files.retire(garbage)
         return meta
 
     def abort(self, inode: int, index: int, version: int) -> None:
@@ -406,17 +406,17 @@ class ChunkStore:
         check_chunk(inode, index)
         check_version(version)
         with self._lock:
-            rec = self._records.get(inode, index)
+            rec = self.records.get(inode, index)
             if rec is None or rec.p_version != version:
                 return
-            garbage = [rec.pending_file(self._files, inode, index)]
+            garbage = [rec.pending_file(self.files, inode, index)]
             rec.drop_pending()
             if rec.c_version:
-                self._records.put(inode, index, rec)
+                self.records.put(inode, index, rec)
             else:
-                self._records.delete(inode, index)
+                self.records.delete(inode, index)
                 self._count -= 1
-        self._files.retire(garbage)
+        self.files.retire(garbage)
 
     def install(self, inode: int, index: int, version: int, data, *, replace: bool = False) -> bool:
         """Make ``data`` the committed content at ``version`` (a resync copy).
@@ -455,16 +455,16 @@ class ChunkStore:
                 return False
             return rec.c_version > version or (rec.c_len, rec.c_sum) == (len(view), checksum)
 
-        if stale(self._records.get(inode, index)):
+        if stale(self.records.get(inode, index)):
             return False
 
         def switch(rec: ChunkRecord | None, fid: int):
             if stale(rec):
                 return None, [], False
             rec = rec or ChunkRecord()
-            replaced = [rec.committed_file(self._files, inode, index)] if rec.c_version else []
+            replaced = [rec.committed_file(self.files, inode, index)] if rec.c_version else []
             if rec.p_version and (replace or rec.p_version <= version):
-                replaced.append(rec.pending_file(self._files, inode, index))
+                replaced.append(rec.pending_file(self.files, inode, index))
                 rec.drop_pending()
             rec.c_version, rec.c_fid, rec.c_len = version, fid, len(view)
             self.repaired += rec.damaged
@@ -482,11 +482,11 @@ class ChunkStore:
         """
         check_chunk(inode, index)
         with self._lock:
-            rec = self._records.get(inode, index)
+            rec = self.records.get(inode, index)
             if rec is None or rec.c_version != version or rec.damaged:
                 return False
             rec.damaged = True
-            self._records.put(inode, index, rec)
+            self.records.put(inode, index, rec)
             return True
 
     def remove(self, inode: int, index: int, version: int | None = None) -> bool:
@@ -497,19 +497,19 @@ class ChunkStore:
         """
         check_chunk(inode, index)
         with self._lock:
-            rec = self._records.get(inode, index)
+            rec = self.records.get(inode, index)
             if rec is None:
                 return False
             if version is not None and (rec.c_version != version or rec.p_version):
                 return False
-            self._records.delete(inode, index)
+            self.records.delete(inode, index)
             self._count -= 1
         garbage = []
         if rec.c_version:
-            garbage.append(rec.committed_file(self._files, inode, index))
+            garbage.append(rec.committed_file(self.files, inode, index))
         if rec.p_version:
-            garbage.append(rec.pending_file(self._files, inode, index))
-        self._files.retire(garbage)
+            garbage.append(rec.pending_file(self.files, inode, index))
+        self.files.retire(garbage)
         return True
 
     def remove_inode(
@@ -526,7 +526,7 @@ class ChunkStore:
         """
         check_chunk(inode, 0)
         if indices is None:
-            wanted = [m.index for m in self._records.scan(inode, None, None)]
+            wanted = [m.index for m in self.records.scan(inode, None, None)]
         else:
             wanted = list(indices)
             for index in wanted:
@@ -540,7 +540,7 @@ class ChunkStore:
             if self.remove(inode, index, version)
         )
         if indices is None:
-            self._files.remove_inode_dir(inode)
+            self.files.remove_inode_dir(inode)
         return removed
 
     # ------------------------------------------------------------------ listing
@@ -565,7 +565,7 @@ class ChunkStore:
             raise ValueError("limit must be at least 1")
         if after is not None:
             check_chunk(*after)
-        return list(self._records.scan(inode, after, limit))
+        return list(self.records.scan(inode, after, limit))
 
     def stats(self) -> dict:
         """``capacity`` (of the file system), ``used`` (by chunk files), ``chunks``, ``spare``
@@ -574,7 +574,7 @@ class ChunkStore:
         st = os.statvfs(self.root)
         full = self.space.check()
         with self._lock:
-            used, spare = self._files.usage()
+            used, spare = self.files.usage()
             return {
                 "capacity": st.f_blocks * st.f_frsize,
                 "used": used,
@@ -588,7 +588,7 @@ class ChunkStore:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._records.close()
+                self.records.close()
 
     def __enter__(self) -> ChunkStore:
         return self

@@ -222,7 +222,7 @@ def test_a_record_that_cannot_be_written_leaves_no_file(tmp_path, monkeypatch):
     try:
         put(store, 1, 0, 1, b"a" * 5000)
         before = chunk_files(store.root)
-        monkeypatch.setattr(store._records, "_db", _FullRecords(store._records._db))
+        monkeypatch.setattr(store.records, "db", _FullRecords(store.records.db))
         with pytest.raises(OSError) as err:
             store.stage(1, 0, 2, 0, b"b" * 5000, chunk_size=CS)
         assert err.value.errno == errno.ENOSPC and store.space.full
