@@ -9,7 +9,7 @@
 A store is ``rocksdb:PATH`` (PATH is the metaserver's ``--data-dir``; the
 database is ``PATH/meta``) or the ``etcd://`` URL a metaserver's ``--kv``
 takes. The copy, its refusals and its verification are
-:mod:`emberfs.metaserver.migrate`'s; this module parses the arguments and
+:mod:`emberfs.metaserver.store.migration.migrate`'s; this module parses the arguments and
 prints what it found. Output goes to stdout (progress and errors to stderr);
 the two ``sha256`` lines are meant for scripts.
 """
@@ -20,7 +20,7 @@ import argparse
 import sys
 import time
 
-from emberfs.metaserver import migrate as migration
+from emberfs.metaserver.store.migration import migrate as migration
 
 EXIT_STATUS = """\
 exit status:

@@ -24,10 +24,11 @@ import pytest
 from emberfs.cli import migrate as migrate_cli
 from emberfs.cli.localcluster import LocalCluster, emberfs_command
 from emberfs.client.fs import EmberFileSystem
-from emberfs.metaserver import inodecounts, keys, records
-from emberfs.metaserver import migrate as migration
-from emberfs.metaserver.etcd import EtcdEngine
-from emberfs.metaserver.kv import Conflict, MemoryEngine, RocksEngine
+from emberfs.metaserver.fs import inodecounts, records
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.etcd import EtcdEngine
+from emberfs.metaserver.store.kv import Conflict, MemoryEngine, RocksEngine
+from emberfs.metaserver.store.migration import migrate as migration
 from emberfs.proto import common_pb2, meta_pb2
 
 MiB = 1024 * 1024

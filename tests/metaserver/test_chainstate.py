@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import chainstate as cs
-from emberfs.metaserver.chainstate import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING, Chain
+from emberfs.metaserver.clustermgr import chainstate as cs
+from emberfs.metaserver.clustermgr.chainstate import (
+    LASTSRV,
+    OFFLINE,
+    SERVING,
+    SYNCING,
+    WAITING,
+    Chain,
+)
 
 
 def chain(*members: tuple[int, int], version: int = 5) -> Chain:

@@ -15,9 +15,9 @@ import pytest
 
 from emberfs.common import errors, framing
 from emberfs.common.framing import Op, Status
-from emberfs.metaserver.chunk_truncation import truncate_chunks
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.fs.chunk_truncation import truncate_chunks
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import cluster_pb2, common_pb2, data_pb2
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver.chainstate import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr.chainstate import LASTSRV, OFFLINE, SERVING, SYNCING, WAITING
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import cluster_pb2
 
 GiB = 1 << 30

@@ -9,10 +9,10 @@ import grpc
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import cluster_service
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr import service as cluster_service
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import cluster_pb2, cluster_pb2_grpc
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from emberfs.cli.localcluster import LocalEtcd
 from emberfs.common import errors
-from emberfs.metaserver import kv
-from emberfs.metaserver.etcd import Compactor, EtcdEngine, EtcdSettings
+from emberfs.metaserver.store import kv
+from emberfs.metaserver.store.etcd import Compactor, EtcdEngine, EtcdSettings
 
 
 @pytest.fixture

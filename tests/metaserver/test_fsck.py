@@ -12,8 +12,9 @@ import pytest
 
 from emberfs.cli.localcluster import emberfs_command
 from emberfs.client.fs import EmberFileSystem
-from emberfs.metaserver import keys, records
-from emberfs.metaserver.kv import RocksEngine
+from emberfs.metaserver.fs import records
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.kv import RocksEngine
 from tests.client.test_lost_data import chunk_metas
 from tests.storageserver.test_scrub import chunk_file, flip
 

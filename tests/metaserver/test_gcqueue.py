@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCFloor, GCQueue
+from emberfs.metaserver.clustermgr.gcqueue import GCFloor, GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store import keys
 from emberfs.proto import cluster_pb2
 
 

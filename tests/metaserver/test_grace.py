@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from emberfs.metaserver.chainstate import LASTSRV, OFFLINE, SERVING
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.grace import Grace
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr.chainstate import LASTSRV, OFFLINE, SERVING
+from emberfs.metaserver.clustermgr.grace import Grace
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import cluster_pb2
 
 pytestmark = pytest.mark.timeout(60)

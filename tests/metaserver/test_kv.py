@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from emberfs.metaserver import kv
+from emberfs.metaserver.store import kv
 
 
 def _engine(kind, tmp_path, request):
@@ -18,7 +18,7 @@ def _engine(kind, tmp_path, request):
         return kv.MemoryEngine()
     if kind == "rocksdb":
         return kv.RocksEngine(tmp_path / "db")
-    from emberfs.metaserver.etcd import EtcdEngine
+    from emberfs.metaserver.store.etcd import EtcdEngine
 
     return EtcdEngine(request.getfixturevalue("etcd_url"))
 
@@ -298,7 +298,7 @@ def test_rocksdb_commit_survives_kill_9(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from emberfs.metaserver.kv import RocksEngine
+        from emberfs.metaserver.store.kv import RocksEngine
         e = RocksEngine({str(tmp_path / "db")!r})
         i = 0
         while True:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from emberfs.metaserver.kv import Conflict, MemoryEngine, RocksEngine, run_transaction
+from emberfs.metaserver.store.kv import Conflict, MemoryEngine, RocksEngine, run_transaction
 
 
 class SlowEngine(MemoryEngine):

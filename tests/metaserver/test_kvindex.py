@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from emberfs.common import errors, kvgeometry
 from emberfs.common.layout import MAX_STRIPE
-from emberfs.metaserver import kvindex
-from emberfs.metaserver.kv import MemoryEngine
-from emberfs.metaserver.kvservice import KVCacheCalls
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.kvcache import index as kvindex
+from emberfs.metaserver.kvcache.service import KVCacheCalls
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import common_pb2, kvcache_pb2, meta_pb2
 
 ALICE = common_pb2.RequestContext(uid=1000, gid=1000, client_id="alice-1")

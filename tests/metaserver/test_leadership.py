@@ -13,11 +13,11 @@ import time
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.etcd import EtcdEngine
-from emberfs.metaserver.kv import Conflict
-from emberfs.metaserver.leadership import EtcdLeadership, LeaderInfo
+from emberfs.metaserver.clustermgr.leadership import EtcdLeadership, LeaderInfo
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.etcd import EtcdEngine
+from emberfs.metaserver.store.kv import Conflict
 from emberfs.proto import cluster_pb2
 from tests.relay import Relay
 

@@ -30,10 +30,10 @@ class Metaserver:
     def open_store(self):
         """The metaserver's store, opened directly (while it does not run)."""
         if self.kv is None:
-            from emberfs.metaserver.kv import RocksEngine
+            from emberfs.metaserver.store.kv import RocksEngine
 
             return RocksEngine(self.data_dir / "meta")
-        from emberfs.metaserver.etcd import EtcdEngine
+        from emberfs.metaserver.store.etcd import EtcdEngine
 
         return EtcdEngine(self.kv)
 
@@ -358,7 +358,8 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(any_metaser
     """
     import random
 
-    from emberfs.metaserver import keys, records
+    from emberfs.metaserver.fs import records
+    from emberfs.metaserver.store import keys
 
     metaserver = any_metaserver
     metaserver.start()
@@ -560,10 +561,10 @@ def test_the_admin_api_listens_on_a_socket_that_says_tcp():
     """asyncio turns Nagle off only on connections of a socket whose protocol is IPPROTO_TCP;
     with protocol 0 every admin API answer waited ~40 ms for the client's delayed ACK."""
     from emberfs.metaserver.api import create_app
-    from emberfs.metaserver.cluster import ClusterManager
-    from emberfs.metaserver.gcqueue import GCQueue
-    from emberfs.metaserver.kv import MemoryEngine
+    from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+    from emberfs.metaserver.clustermgr.manager import ClusterManager
     from emberfs.metaserver.main import _start_admin
+    from emberfs.metaserver.store.kv import MemoryEngine
 
     cluster = ClusterManager(MemoryEngine())
     server, thread, sock = _start_admin(create_app(cluster, GCQueue(cluster)), "127.0.0.1:0")

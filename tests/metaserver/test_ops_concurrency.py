@@ -6,8 +6,8 @@ from concurrent import futures
 
 import pytest
 
-from emberfs.metaserver import keys
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.store import keys
 from emberfs.proto import common_pb2, meta_pb2
 
 pytestmark = pytest.mark.timeout(120)

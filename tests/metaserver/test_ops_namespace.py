@@ -7,9 +7,9 @@ import errno
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
-from emberfs.metaserver.kv import MemoryEngine
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import common_pb2, meta_pb2
 
 FILE, DIRECTORY, SYMLINK = common_pb2.FILE, common_pb2.DIRECTORY, common_pb2.SYMLINK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.fs.namespace import Namespace
 from emberfs.proto import common_pb2, meta_pb2
 
 ROOT = common_pb2.RequestContext(uid=0, gid=0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.store import keys
 from emberfs.proto import cluster_pb2, common_pb2, meta_pb2
 
 W, C, X, T, A = (
@@ -269,7 +269,7 @@ def test_a_tree_too_large_for_one_transaction_goes_at_once_and_is_deleted_in_sli
 
 
 def test_a_detached_tree_is_finished_by_the_sweep_after_a_crash(etcd_url, cuts):
-    from emberfs.metaserver.etcd import EtcdEngine
+    from emberfs.metaserver.store.etcd import EtcdEngine
 
     engine = EtcdEngine(etcd_url)  # a store with transaction limits: it detaches trees
     first = Namespace(engine, chain_table=lambda: [1, 2], truncate_chunks=cuts)

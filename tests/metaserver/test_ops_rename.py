@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver import keys
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.store import keys
 from emberfs.proto import cluster_pb2, meta_pb2
 
 

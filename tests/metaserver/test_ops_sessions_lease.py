@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from emberfs.common.errors import InvalidArgument, NotFound
-from emberfs.metaserver import keys
-from emberfs.metaserver.grace import Grace
-from emberfs.metaserver.kv import Conflict
-from emberfs.metaserver.namespace import Namespace
-from emberfs.metaserver.opcontext import Credentials, OpContext
-from emberfs.metaserver.ops import sessions
+from emberfs.metaserver.clustermgr.grace import Grace
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.fs.opcontext import Credentials, OpContext
+from emberfs.metaserver.fs.ops import sessions
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.kv import Conflict
 from emberfs.proto import cluster_pb2, common_pb2, meta_pb2
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,10 +8,10 @@ import grpc
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver.chainstate import SERVING, SYNCING
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.kv import MemoryEngine
-from emberfs.metaserver.repair import ReadRepair
+from emberfs.metaserver.clustermgr.chainstate import SERVING, SYNCING
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.clustermgr.repair import ReadRepair
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import cluster_pb2, common_pb2, storage_pb2
 
 GiB = 1 << 30
