@@ -68,7 +68,8 @@ from emberfs.metaserver.fs import cuts as cuts_module
 from emberfs.metaserver.fs.chunk_truncation import truncate_chunks
 from emberfs.metaserver.fs.namespace import Namespace
 from emberfs.metaserver.metrics import MetricsInterceptor
-from emberfs.metaserver.store.etcd import COMPACT_INTERVAL, Compactor, EtcdSettings, is_etcd_url
+from emberfs.metaserver.store.etcd import COMPACT_INTERVAL, Compactor
+from emberfs.metaserver.store.etcdclient import EtcdSettings, is_etcd_url
 from emberfs.metaserver.store.kv import KVEngine, RocksEngine
 from emberfs.metaserver.tokens import TokenStore
 from emberfs.proto import common_pb2

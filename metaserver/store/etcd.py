@@ -42,16 +42,11 @@ conflict (the transaction runs again); a full database (etcd's space quota) is
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
 
 import grpc
 
-from emberfs.common import errors
-from emberfs.common.addresses import split_address
+from emberfs.metaserver.store.etcdclient import REQUEST_MARGIN, EtcdClient, EtcdSettings, etcd_rpc
 from emberfs.metaserver.store.kv import (
     Conflict,
     KVEngine,
@@ -62,231 +57,7 @@ from emberfs.metaserver.store.kv import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "/emberfs/"
-DEFAULT_TIMEOUT = 5.0
-DEFAULT_MAX_TXN_OPS = 128  # etcd's --max-txn-ops default
-DEFAULT_MAX_REQUEST_BYTES = 1536 * 1024  # etcd's --max-request-bytes default
-REQUEST_MARGIN = 4096  # bytes of a request that are not keys and values
 PAGE = 1000  # keys a range read asks for at once
-
-_CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 16 * 1024 * 1024),
-    ("grpc.enable_retries", 0),
-    # an endpoint that comes back is used again within a second, not after gRPC's
-    # default backoff of up to two minutes
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.keepalive_time_ms", 10000),
-    ("grpc.keepalive_timeout_ms", 3000),
-]
-
-# Failures after which the same call may go to another endpoint: the endpoint is down,
-# its member has no leader, or it did not answer in time. (A member that waited for a
-# quorum past its own deadline answers UNKNOWN "context deadline exceeded".)
-_FAILOVER_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNKNOWN,
-    }
-)
-
-
-def _rpc():
-    """etcd's v3 API messages and stubs (imported on first use: only servers on etcd need them)."""
-    from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
-
-    return rpc_pb2, rpc_pb2_grpc
-
-
-@dataclass(frozen=True)
-class EtcdSettings:
-    """What an ``etcd://`` URL says: endpoints, key prefix, limits and the call deadline."""
-
-    endpoints: tuple[str, ...]
-    prefix: bytes = DEFAULT_PREFIX.encode()
-    max_txn_ops: int = DEFAULT_MAX_TXN_OPS
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    timeout: float = DEFAULT_TIMEOUT
-
-    @classmethod
-    def parse(cls, url: str) -> EtcdSettings:
-        """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX][?max_txn_ops=N&timeout=S]``.
-
-        ValueError for anything else. The prefix always ends with ``/``.
-        """
-        parts = urlsplit(url)
-        if parts.scheme != "etcd":
-            raise ValueError(f"{url!r} is not an etcd:// URL")
-        endpoints = tuple(e.strip() for e in parts.netloc.split(",") if e.strip())
-        if not endpoints:
-            raise ValueError(f"{url!r} names no etcd endpoint")
-        for endpoint in endpoints:
-            host, port = split_address(endpoint)
-            if not host or not port:
-                raise ValueError(f"etcd endpoint {endpoint!r} is not HOST:PORT")
-        path = parts.path.strip("/")
-        prefix = f"/{path}/" if path else DEFAULT_PREFIX
-        query = parse_qs(parts.query, strict_parsing=False)
-        unknown = set(query) - {"max_txn_ops", "max_request_bytes", "timeout"}
-        if unknown:
-            raise ValueError(f"unknown etcd URL parameters: {', '.join(sorted(unknown))}")
-
-        def number(name: str, default, kind):
-            if name not in query:
-                return default
-            try:
-                value = kind(query[name][-1])
-            except ValueError:
-                raise ValueError(f"etcd URL parameter {name} is not a number") from None
-            if not value > 0:
-                raise ValueError(f"etcd URL parameter {name} must be positive")
-            return value
-
-        return cls(
-            endpoints=endpoints,
-            prefix=prefix.encode(),
-            max_txn_ops=number("max_txn_ops", DEFAULT_MAX_TXN_OPS, int),
-            max_request_bytes=number("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES, int),
-            timeout=number("timeout", DEFAULT_TIMEOUT, float),
-        )
-
-    @property
-    def url(self) -> str:
-        """The URL these settings came from (in its canonical form)."""
-        text = f"etcd://{','.join(self.endpoints)}{self.prefix.decode().rstrip('/')}"
-        params = []
-        if self.max_txn_ops != DEFAULT_MAX_TXN_OPS:
-            params.append(f"max_txn_ops={self.max_txn_ops}")
-        if self.max_request_bytes != DEFAULT_MAX_REQUEST_BYTES:
-            params.append(f"max_request_bytes={self.max_request_bytes}")
-        if self.timeout != DEFAULT_TIMEOUT:
-            params.append(f"timeout={self.timeout:g}")
-        return text + ("/?" + "&".join(params) if params else "")
-
-
-def is_etcd_url(text: str) -> bool:
-    return text.startswith("etcd://")
-
-
-class EtcdClient:
-    """Synchronous calls to an etcd cluster's v3 gRPC API, moving between its endpoints.
-
-    One channel per endpoint, made on first use. :meth:`call` sends a request
-    to the endpoint that answered last and, when it is down, has no leader or
-    does not answer, to the next, until the call's deadline.
-    """
-
-    def __init__(self, endpoints: tuple[str, ...], timeout: float = DEFAULT_TIMEOUT) -> None:
-        if not endpoints:
-            raise ValueError("no etcd endpoint")
-        self.endpoints = tuple(endpoints)
-        self.timeout = timeout
-        self._lock = threading.Lock()
-        self._channels: dict[int, grpc.Channel] = {}
-        self._stubs: dict[tuple[int, str], object] = {}
-        self._current = 0
-        self._closed = False
-
-    def _stub(self, index: int, service: str):
-        key = (index, service)
-        stub = self._stubs.get(key)
-        if stub is not None:
-            return stub
-        _, rpc_grpc = _rpc()
-        with self._lock:
-            if self._closed:
-                raise errors.Unavailable("the metadata store's client is closed")
-            channel = self._channels.get(index)
-            if channel is None:
-                channel = grpc.insecure_channel(self.endpoints[index], options=_CHANNEL_OPTIONS)
-                self._channels[index] = channel
-            stub = self._stubs.get(key)
-            if stub is None:
-                stub = getattr(rpc_grpc, f"{service}Stub")(channel)
-                self._stubs[key] = stub
-            return stub
-
-    def call(
-        self,
-        service: str,
-        method: str,
-        request,
-        *,
-        timeout: float | None = None,
-        stream: bool = False,
-    ):
-        """``service.method(request)`` on the first endpoint that answers; the response.
-
-        ``stream``: a streaming method, sent ``request`` alone; its first answer
-        is the response. A failure another endpoint would not cure raises its
-        typed error (:func:`store_error`); no endpoint answering before the
-        deadline raises :class:`~emberfs.common.errors.Unavailable`.
-        """
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        start = self._current
-        n = len(self.endpoints)
-        last: grpc.RpcError | None = None
-        attempt = 0
-        while True:
-            index = (start + attempt) % n
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                fn = getattr(self._stub(index, service), method)
-                if stream:
-                    response = next(iter(fn(iter([request]), timeout=left)), None)
-                    if response is None:
-                        raise errors.Unavailable(f"etcd's {method} stream ended without an answer")
-                else:
-                    response = fn(request, timeout=left)
-            except grpc.RpcError as exc:
-                if exc.code() not in _FAILOVER_CODES:
-                    raise store_error(exc) from None
-                last = exc
-                attempt += 1
-                if attempt % n == 0:
-                    # every endpoint failed once: wait a moment before the next round
-                    time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-                continue
-            if index != self._current:
-                log.info("etcd endpoint %s answers", self.endpoints[index])
-                self._current = index
-            return response
-        detail = f"{last.code().name}: {last.details()}" if last is not None else "no answer"
-        raise errors.Unavailable(
-            f"the metadata store (etcd at {','.join(self.endpoints)}) is unavailable: {detail}"
-        )
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            channels, self._channels = self._channels, {}
-            self._stubs.clear()
-        for channel in channels.values():
-            channel.close()
-
-
-def store_error(exc: grpc.RpcError) -> Exception:
-    """The typed error of an etcd call's failure that no other endpoint would cure."""
-    code, details = exc.code(), exc.details() or ""
-    if code == grpc.StatusCode.OUT_OF_RANGE:
-        # "required revision has been compacted" / "is a future revision": run again
-        return Conflict(details)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.NoSpace(
-            f"the metadata store (etcd) is full ({details}); compact and defragment it, or "
-            "raise its --quota-backend-bytes"
-        )
-    if code == grpc.StatusCode.INVALID_ARGUMENT and (
-        "too many operations" in details or "too large" in details
-    ):
-        return TransactionTooLarge(f"the metadata store (etcd) refused a transaction: {details}")
-    return errors.Internal(f"the metadata store (etcd) failed: {code.name}: {details}")
 
 
 class EtcdEngine(KVEngine):
@@ -338,7 +109,7 @@ class EtcdEngine(KVEngine):
         the revision, so it holds it; one that does not (a call moved to
         another member) answers "future revision", a conflict.
         """
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         resp = self.call(
             "KV",
             "Range",
@@ -352,7 +123,7 @@ class EtcdEngine(KVEngine):
     def read_many(self, keys: list[bytes], revision: int = 0):
         """``([(value or None, mod_revision) per key], store revision)``, in one round trip
         per :attr:`max_txn_ops` keys (a transaction of range reads), at ``revision`` (0: now)."""
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         out: list[tuple[bytes | None, int]] = []
         for i in range(0, len(keys), self.max_txn_ops):
             part = keys[i : i + self.max_txn_ops]
@@ -390,7 +161,7 @@ class EtcdEngine(KVEngine):
 
         ``on_revision(r)`` is told the revision once the first page fixed it.
         """
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         begin = self.full_key(start)
         stop = self._end if end is None else self.full_key(end)
         left = limit
@@ -420,7 +191,7 @@ class EtcdEngine(KVEngine):
             begin = resp.kvs[-1].key + b"\x00"
 
     def count_prefix(self, prefix: bytes) -> int:
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         end = prefix_end(prefix)
         resp = self.call(
             "KV",
@@ -438,7 +209,7 @@ class EtcdEngine(KVEngine):
 
     # writes ----------------------------------------------------------------
     def _ops(self, puts: dict[bytes, bytes], deletes: set[bytes]) -> list:
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         ops = [
             rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=self.full_key(k)))
             for k in sorted(deletes)
@@ -471,7 +242,7 @@ class EtcdEngine(KVEngine):
         timeout: float | None = None,
     ) -> bool:
         """One etcd transaction: the writes if every compare holds; whether they were applied."""
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         nbytes = sum(len(k) + len(v) for k, v in puts.items()) + sum(len(k) for k in deletes)
         self.check_size(len(compares), len(puts) + len(deletes), nbytes)
         resp = self.call(
@@ -492,7 +263,7 @@ class EtcdEngine(KVEngine):
 
     def value_compares(self, reads: dict[bytes, bytes | None]) -> list:
         """Compares that hold while every key of ``reads`` has the value given (None: absent)."""
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         out = []
         for key, value in reads.items():
             if value is None:
@@ -536,7 +307,7 @@ class EtcdEngine(KVEngine):
 
     def mod_compares(self, mods: dict[bytes, int]) -> list:
         """Compares that hold while no key of ``mods`` changed since its ``mod_revision``."""
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         return [
             rpc.Compare(
                 key=self.full_key(key),
@@ -550,7 +321,7 @@ class EtcdEngine(KVEngine):
     def status(self) -> list[dict]:
         """Each endpoint's member status: ``endpoint``, ``db_size``, ``leader``, ``version``
         (``error`` instead for one that does not answer)."""
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         out = []
         for index, endpoint in enumerate(self.endpoints):
             try:
@@ -676,7 +447,7 @@ class Compactor:
 
     def __call__(self) -> int:
         """Compact to the revision of the previous call; the revision compacted to (0: none)."""
-        rpc, _ = _rpc()
+        rpc, _ = etcd_rpc()
         revision = self.engine.read(b"")[2]
         target, self._seen = self._seen, revision
         if not target or target <= self.compacted:

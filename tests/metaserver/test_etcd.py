@@ -13,7 +13,8 @@ import pytest
 from emberfs.cli.localcluster import LocalEtcd
 from emberfs.common import errors
 from emberfs.metaserver.store import kv
-from emberfs.metaserver.store.etcd import Compactor, EtcdEngine, EtcdSettings
+from emberfs.metaserver.store.etcd import Compactor, EtcdEngine
+from emberfs.metaserver.store.etcdclient import EtcdSettings
 
 
 @pytest.fixture

@@ -64,386 +64,30 @@ destination, which the next attempt refuses as not empty: empty it first
 
 from __future__ import annotations
 
-import hashlib
-import struct
 import time
-import weakref
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from emberfs.metaserver.clustermgr.leadership import LeaderInfo
-from emberfs.metaserver.fs import inodecounts, records
-from emberfs.metaserver.store import keys
-from emberfs.metaserver.store.etcd import REQUEST_MARGIN, EtcdEngine, EtcdSettings, is_etcd_url
-from emberfs.metaserver.store.kv import Conflict, KVEngine, RocksEngine
-from emberfs.proto import common_pb2
-
-ROCKSDB_SCHEME = "rocksdb:"
-STORE_DIR = "meta"  # the RocksDB store inside a metaserver's --data-dir
-ROCKS_BATCH_KEYS = 10_000
-ROCKS_BATCH_BYTES = 8 * 1024 * 1024
-ETCD_OP_OVERHEAD = 32  # bytes of one put's framing in an etcd request, beyond key and value
-ETCD_IN_FLIGHT = 4  # etcd transactions sent at once
-SCAN_RESUMES = 8  # times a pass over a store goes on after a conflict of its scan
-
-EXCLUDED = (keys.LEADER, keys.config_key(keys.INODE_COUNTS))
-_LENGTHS = struct.Struct(">QQ")
-
-
-class MigrationError(Exception):
-    """The migration could not run or failed; the message says why and what to do."""
-
-
-class Refused(MigrationError):
-    """A check before the copy failed: nothing was written."""
-
-
-class StoreInUse(Refused):
-    """A metaserver may run on the store."""
-
-
-class NotEmpty(Refused):
-    """The destination holds keys already."""
-
-
-class EmptySource(Refused):
-    """The source holds nothing to copy (or does not exist)."""
-
-
-class SameStore(Refused):
-    """Source and destination are one store, or overlap."""
-
-
-class TooLarge(Refused):
-    """A key and its value are larger than the destination takes in one request."""
-
-
-def copied(key: bytes) -> bool:
-    """Whether ``key`` is copied: every key but the leader key and a shared store's inode counts."""
-    return not key.startswith(EXCLUDED)
-
-
-def pairs(engine: KVEngine) -> Iterator[tuple[bytes, bytes]]:
-    """The copied pairs of ``engine``'s whole keyspace, in key order, streamed.
-
-    An etcd scan whose revision a member cannot serve (its call moved to a
-    member behind the one that fixed the revision, or the revision was
-    compacted) is a :class:`~emberfs.metaserver.store.kv.Conflict`: the scan goes on
-    after the last key it gave, at a new revision, up to :data:`SCAN_RESUMES`
-    times. (No metaserver writes the stores meanwhile; were one to, the
-    verification would see it.)
-    """
-    start = b""
-    for attempt in range(SCAN_RESUMES + 1):
-        try:
-            for key, value in engine.scan(start, None):
-                start = key + b"\x00"
-                if copied(key):
-                    yield key, value
-            return
-        except Conflict:
-            if attempt == SCAN_RESUMES:
-                raise
-
-
-@dataclass
-class Tally:
-    """Keys, bytes, checksum and inodes by type of a stream of pairs (see the module docstring).
-
-    Attributes
-    ----------
-    keys, bytes : int
-        Pairs added, and the bytes of their keys and values.
-    prefixes : dict
-        Key prefix (its first 4 bytes) -> ``[keys, bytes]``.
-    inodes : dict
-        File type -> inode records (``INOD`` keys) of that type.
-    largest : int
-        Bytes of the largest pair (key and value).
-    largest_key : bytes
-        Its key.
-    """
-
-    keys: int = 0
-    bytes: int = 0
-    prefixes: dict[bytes, list[int]] = field(default_factory=dict)
-    inodes: dict[int, int] = field(default_factory=dict)
-    largest: int = 0
-    largest_key: bytes = b""
-    _hash: Any = field(default_factory=hashlib.sha256, repr=False)
-
-    def add(self, key: bytes, value: bytes) -> None:
-        size = len(key) + len(value)
-        self._hash.update(_LENGTHS.pack(len(key), len(value)))
-        self._hash.update(key)
-        self._hash.update(value)
-        self.keys += 1
-        self.bytes += size
-        if size > self.largest:
-            self.largest, self.largest_key = size, key
-        by_prefix = self.prefixes.setdefault(key[:4], [0, 0])
-        by_prefix[0] += 1
-        by_prefix[1] += size
-        if key.startswith(keys.INODE):
-            try:
-                file_type = records.decode_inode(value).type
-            except Exception as exc:
-                raise MigrationError(
-                    f"the inode record at key {key!r} cannot be read ({exc}); check the "
-                    "store with 'emberfs fsck' on the cluster before moving it"
-                ) from None
-            self.inodes[file_type] = self.inodes.get(file_type, 0) + 1
-
-    @property
-    def sha256(self) -> str:
-        """The checksum of the pairs added so far (hex)."""
-        return self._hash.hexdigest()
-
-    def same(self, other: Tally) -> bool:
-        """The same pairs: equal checksums, key and byte counts."""
-        return (self.sha256, self.keys, self.bytes) == (other.sha256, other.keys, other.bytes)
-
-
-def survey(engine: KVEngine) -> Tally:
-    """The :class:`Tally` of ``engine``'s copied pairs (one streamed pass)."""
-    tally = Tally()
-    for key, value in pairs(engine):
-        tally.add(key, value)
-    return tally
-
-
-# stores -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoreLocation:
-    """A metadata store as ``emberfs migrate`` names it.
-
-    ``rocksdb:PATH``, PATH a metaserver's ``--data-dir`` (the store is
-    ``PATH/meta``), or an ``etcd://`` URL (endpoints, prefix and limits, as
-    ``emberfs metaserver --kv`` takes it).
-    """
-
-    text: str
-    path: Path | None = None
-    etcd: EtcdSettings | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> StoreLocation:
-        """ValueError for anything but ``rocksdb:PATH`` or an ``etcd://`` URL."""
-        if is_etcd_url(text):
-            return cls(text, etcd=EtcdSettings.parse(text))
-        if text.startswith(ROCKSDB_SCHEME):
-            path = text[len(ROCKSDB_SCHEME) :]
-            if not path:
-                raise ValueError("rocksdb: needs the metaserver's data directory (rocksdb:PATH)")
-            return cls(text, path=Path(path).expanduser().resolve())
-        raise ValueError(f"{text!r} is neither rocksdb:PATH nor an etcd:// URL")
-
-    @property
-    def store_dir(self) -> Path:
-        """The RocksDB database's directory (``PATH/meta``)."""
-        assert self.path is not None
-        return self.path / STORE_DIR
-
-    def __str__(self) -> str:
-        if self.etcd is not None:
-            return f"etcd at {','.join(self.etcd.endpoints)}, prefix {self.etcd.prefix.decode()}"
-        return f"RocksDB at {self.store_dir}"
-
-    def overlaps(self, other: StoreLocation) -> bool:
-        """One store, or (etcd) one prefix inside the other on a common endpoint."""
-        if self.path is not None or other.path is not None:
-            return self.path is not None and self.path == other.path
-        mine, theirs = self.etcd.prefix, other.etcd.prefix
-        return bool(set(self.etcd.endpoints) & set(other.etcd.endpoints)) and (
-            mine.startswith(theirs) or theirs.startswith(mine)
-        )
-
-
-_names: weakref.WeakKeyDictionary[KVEngine, str] = weakref.WeakKeyDictionary()
-
-
-def open_store(location: StoreLocation, *, create: bool) -> KVEngine | None:
-    """The engine of ``location``; None for a RocksDB store that does not exist and not ``create``.
-
-    Raises :class:`StoreInUse` when the RocksDB database is locked (a
-    metaserver seems to run on it) and :class:`MigrationError` when it
-    cannot be opened otherwise.
-    """
-    if location.etcd is not None:
-        engine: KVEngine = EtcdEngine(location.etcd)
-        _names[engine] = str(location)
-        return engine
-    db = location.store_dir
-    if not create and not (db / "CURRENT").exists():
-        return None
-    try:
-        engine = RocksEngine(db)
-    except Exception as exc:  # rocksdict raises a bare Exception
-        if "LOCK" in str(exc):
-            raise StoreInUse(
-                f"{db} is locked: a metaserver seems to run on it; stop it first ({exc})"
-            ) from None
-        raise MigrationError(f"cannot open the RocksDB store at {db}: {exc}") from None
-    _names[engine] = str(location)
-    return engine
-
-
-def missing_source(location: StoreLocation) -> EmptySource:
-    """The refusal of a RocksDB source that does not exist (with a hint when PATH is the store)."""
-    hint = ""
-    if location.path is not None and (location.path / "CURRENT").exists():
-        hint = (
-            f"; {location.path} is a RocksDB itself: give the metaserver's data directory "
-            f"that holds it (rocksdb:{location.path.parent})"
-        )
-    return EmptySource(f"the source holds no metadata store: nothing at {location.store_dir}{hint}")
-
-
-def _describe(engine: KVEngine) -> str:
-    """Where a store is, for messages (as :class:`StoreLocation` says it, when it opened it)."""
-    name = _names.get(engine)
-    if name is not None:
-        return name
-    if isinstance(engine, EtcdEngine):
-        return f"etcd at {','.join(engine.endpoints)}, prefix {engine.prefix.decode()}"
-    return type(engine).__name__
-
-
-def leader_on(engine: KVEngine) -> bytes | None:
-    """The leader key's value on ``engine`` (None: no metaserver leads there)."""
-    for _, value in engine.scan_prefix(keys.LEADER, limit=1):
-        return value
-    return None
-
-
-def _check_idle(engine: KVEngine, role: str) -> None:
-    value = leader_on(engine)
-    if value is None:
-        return
-    try:
-        leader = LeaderInfo.decode(value)
-        who = f"metaserver {leader.id} at {leader.address or '?'}"
-    except (ValueError, KeyError, TypeError):
-        who = "a metaserver"
-    raise StoreInUse(
-        f"a metaserver runs on the {role} ({_describe(engine)}): {who} holds the leader key; "
-        "stop every metaserver on it first (a killed one's key lapses with its lease, within "
-        "seconds)"
-    )
-
-
-def _first_key(engine: KVEngine) -> bytes | None:
-    for key, _ in engine.scan(b"", None, limit=1):
-        return key
-    return None
-
-
-# batches -------------------------------------------------------------------------
-
-
-class _Writer:
-    """Puts copied pairs to the destination in batches it takes (see the module docstring)."""
-
-    def __init__(
-        self,
-        engine: KVEngine,
-        progress: Callable[[int, int, int], None] | None = None,
-        total: int = 0,
-    ) -> None:
-        self.engine = engine
-        self.progress = progress
-        self.total = total
-        if isinstance(engine, EtcdEngine):
-            self.max_keys = engine.max_txn_ops
-            self.max_bytes = engine.max_request_bytes - REQUEST_MARGIN
-            self.overhead = len(engine.prefix) + ETCD_OP_OVERHEAD
-            in_flight = ETCD_IN_FLIGHT
-        else:
-            self.max_keys = engine.max_txn_ops or ROCKS_BATCH_KEYS
-            self.max_bytes = ROCKS_BATCH_BYTES
-            self.overhead = 0
-            in_flight = 1
-        self.in_flight = in_flight
-        self._pool = (
-            ThreadPoolExecutor(in_flight, thread_name_prefix="migrate") if in_flight > 1 else None
-        )
-        self._pending: deque[tuple[Future, int, int]] = deque()
-        self._puts: dict[bytes, bytes] = {}
-        self._bytes = 0
-        self.keys_written = 0
-        self.bytes_written = 0
-
-    def request_size(self, key: bytes, value: bytes) -> int:
-        """What one pair counts against a batch's byte limit."""
-        return len(key) + len(value) + self.overhead
-
-    def add(self, key: bytes, value: bytes) -> None:
-        size = self.request_size(key, value)
-        if size > self.max_bytes:
-            raise TooLarge(
-                f"key {key!r} and its value are {size} bytes; the destination takes at most "
-                f"{self.max_bytes} in one request"
-            )
-        if self._puts and (len(self._puts) >= self.max_keys or self._bytes + size > self.max_bytes):
-            self._flush()
-        self._puts[key] = value
-        self._bytes += size
-
-    def _flush(self) -> None:
-        puts, self._puts = self._puts, {}
-        nbytes = sum(len(k) + len(v) for k, v in puts.items())
-        self._bytes = 0
-        if self._pool is None:
-            self.engine.write(puts, sync=False)
-            self._done(len(puts), nbytes)
-            return
-        while len(self._pending) >= self.in_flight:
-            self._wait_oldest()
-        future = self._pool.submit(self.engine.write, puts, sync=False)
-        self._pending.append((future, len(puts), nbytes))
-
-    def _wait_oldest(self) -> None:
-        future, n, nbytes = self._pending.popleft()
-        future.result()
-        self._done(n, nbytes)
-
-    def _done(self, n: int, nbytes: int) -> None:
-        self.keys_written += n
-        self.bytes_written += nbytes
-        if self.progress is not None:
-            self.progress(self.keys_written, self.bytes_written, self.total)
-
-    def finish(self) -> None:
-        """Write what is left, wait for every batch, and make them durable."""
-        if self._puts:
-            self._flush()
-        while self._pending:
-            self._wait_oldest()
-        self.engine.sync()
-        self.close()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            for future, _, _ in self._pending:
-                future.cancel()
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-
-def _request_limit(engine: KVEngine) -> tuple[int, int] | None:
-    """``(most bytes a request takes, framing bytes a pair adds)`` of a store with a limit."""
-    if isinstance(engine, EtcdEngine):
-        return engine.max_request_bytes - REQUEST_MARGIN, len(engine.prefix) + ETCD_OP_OVERHEAD
-    return None
-
-
-# the migration -------------------------------------------------------------------
+from emberfs.metaserver.fs import inodecounts
+from emberfs.metaserver.store.kv import KVEngine
+from emberfs.metaserver.store.migration.errors import (
+    EmptySource,
+    MigrationError,
+    NotEmpty,
+    SameStore,
+    TooLarge,
+)
+from emberfs.metaserver.store.migration.stores import (
+    StoreLocation,
+    check_idle,
+    describe,
+    first_key,
+    leader_on,
+    missing_source,
+    open_store,
+)
+from emberfs.metaserver.store.migration.tally import Tally, counts_text, pairs, survey
+from emberfs.metaserver.store.migration.writer import BatchWriter, request_limit
 
 
 @dataclass
@@ -489,23 +133,23 @@ def plan(source: KVEngine, destination: KVEngine | None) -> Tally:
     Raises :class:`StoreInUse`, :class:`NotEmpty`, :class:`EmptySource` or
     :class:`TooLarge` (see the module docstring); writes nothing.
     """
-    _check_idle(source, "source")
+    check_idle(source, "source")
     if destination is not None:
-        _check_idle(destination, "destination")
-        first = _first_key(destination)
+        check_idle(destination, "destination")
+        first = first_key(destination)
         if first is not None:
             raise NotEmpty(
-                f"the destination ({_describe(destination)}) is not empty (its first key is "
+                f"the destination ({describe(destination)}) is not empty (its first key is "
                 f"{first!r}); migrate into an empty store only"
             )
     planned = survey(source)
     if planned.keys == 0:
-        raise EmptySource(f"the source ({_describe(source)}) holds nothing to copy")
-    limit = _request_limit(destination) if destination is not None else None
+        raise EmptySource(f"the source ({describe(source)}) holds nothing to copy")
+    limit = request_limit(destination) if destination is not None else None
     if limit is not None and planned.largest + limit[1] > limit[0]:
         raise TooLarge(
             f"key {planned.largest_key!r} and its value are {planned.largest} bytes; the "
-            f"destination ({_describe(destination)}) takes at most {limit[0] - limit[1]} in one "
+            f"destination ({describe(destination)}) takes at most {limit[0] - limit[1]} in one "
             "request (raise etcd's --max-request-bytes and the URL's max_request_bytes)"
         )
     return planned
@@ -527,7 +171,7 @@ def run(
     """
     start = time.monotonic()
     result = Result(planned)
-    writer = _Writer(destination, progress, planned.keys)
+    writer = BatchWriter(destination, progress, planned.keys)
     copy = Tally()
     try:
         for key, value in pairs(source):
@@ -538,7 +182,7 @@ def run(
         detail = str(exc) if isinstance(exc, MigrationError) else f"{type(exc).__name__}: {exc}"
         raise MigrationError(
             f"the copy failed after {writer.keys_written} of {planned.keys} keys: {detail}; "
-            f"the destination ({_describe(destination)}) holds a partial copy: empty it "
+            f"the destination ({describe(destination)}) holds a partial copy: empty it "
             "before trying again"
         ) from exc
     finally:
@@ -624,30 +268,9 @@ def migrate_stores(
         if dst is None:
             dst = open_store(destination, create=True)
             engines.append(dst)
-            if _first_key(dst) is not None:  # made by someone else meanwhile
+            if first_key(dst) is not None:  # made by someone else meanwhile
                 raise NotEmpty(f"the destination ({destination}) is not empty")
         return run(src, dst, planned, progress=progress)
     finally:
         for engine in engines:
             engine.close()
-
-
-def counts_text(by_type: dict[int, int]) -> str:
-    """``N files, N directories, N symlinks`` of inodes by file type."""
-    names = (
-        (common_pb2.FILE, "files"),
-        (common_pb2.DIRECTORY, "directories"),
-        (common_pb2.SYMLINK, "symlinks"),
-    )
-    text = ", ".join(f"{by_type.get(t, 0)} {name}" for t, name in names)
-    other = sum(n for t, n in by_type.items() if t not in dict(names))
-    return text + (f", {other} others" if other else "")
-
-
-def prefix_name(prefix: bytes) -> str:
-    """A key prefix for people: its text when printable, else its repr."""
-    try:
-        text = prefix.decode("ascii")
-    except UnicodeDecodeError:
-        return repr(prefix)
-    return text if text.isprintable() and text.strip() == text else repr(prefix)
