@@ -274,7 +274,7 @@ def test_a_detached_tree_is_finished_by_the_sweep_after_a_crash(etcd_url, cuts):
     engine = EtcdEngine(etcd_url)  # a store with transaction limits: it detaches trees
     first = Namespace(engine, chain_table=lambda: [1, 2], truncate_chunks=cuts)
     files = _big_tree(first, dirs=3, per_dir=60)
-    first._purge_soon = lambda inodes: None  # the metaserver dies before it purges
+    first.runner.purge_soon = lambda inodes: None  # the metaserver dies before it purges
     assert rm(first, "/big", recursive=True) == 1 + 3 * 63
     assert first.detached() == 1
     again = Namespace(engine, chain_table=lambda: [1, 2], truncate_chunks=cuts)
