@@ -22,14 +22,8 @@ An entry is ``key -> (slot, generation, crc, length, stamp, state)``:
   reader checks the CRC of the bytes it read, so a slot reused for another
   key while it read (evicted, then written) is a miss, never another key's
   block.
-* **slots** come from the slots given back (deletes, evictions), then from
-  the writer's own slab (each writer fills a slab of its own while untouched
-  slabs last, so writers rarely share a chunk: ``KVCW`` and ``KVCH``), then
-  from any slab with slots never handed out, then, when every slot is in use, from
-  the least recently used entries, evicted (``KVCR`` orders entries by the
-  time they were stored or last read, refreshed at most every
-  :data:`TOUCH_INTERVAL_NS` per key). The cache never holds more than its
-  ``capacity_slots`` blocks, so its slabs never grow past their size.
+* **slots** come from the slots given back, the writer's own slab, slabs with slots never
+  handed out, then the least recently used entries, evicted (:mod:`.slots`).
 
 A cache whose directory is removed leaves its index behind; the leader's
 sweep (:meth:`KVIndex.sweep_removed`) deletes it a slice at a time.
@@ -41,12 +35,9 @@ so that concurrent calls rarely conflict on them.
 
 from __future__ import annotations
 
-import random
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from emberfs.common import kvgeometry
 from emberfs.common.errors import (
@@ -60,153 +51,36 @@ from emberfs.common.errors import (
 from emberfs.common.kvgeometry import slab_bytes, slab_capacity, slab_count
 from emberfs.metaserver.fs import access, records
 from emberfs.metaserver.fs.opcontext import Credentials
+from emberfs.metaserver.kvcache.entries import (
+    MAX_BATCH,
+    PENDING,
+    PENDING_TIMEOUT_NS,
+    STORED,
+    U64,
+    Counters,
+    Entry,
+    Reserved,
+    cache_key,
+    cache_prefixes,
+    check_keys,
+    count,
+    entry_prefix,
+    fill_key,
+    free_prefix,
+    recent_key,
+    stats_prefix,
+    total,
+    u64,
+)
+from emberfs.metaserver.kvcache.slots import take_slots
 from emberfs.metaserver.store import keys
 from emberfs.metaserver.store.kv import Conflict, KVEngine, Transaction, prefix_end
 from emberfs.metaserver.store.kv import run_transaction as _run_transaction
 from emberfs.proto import common_pb2, kvcache_pb2
 
-MAX_KEY = 512  # bytes of one key
-MAX_BATCH = 10000  # keys of one call
 MAX_LIST = 10000
-PENDING_TIMEOUT_NS = 120 * 10**9  # a reservation not committed for this long is taken over
 TOUCH_INTERVAL_NS = 10**9  # a read refreshes an entry's recency at most this often
-STAT_SHARDS = 16
 SLICE = 200  # keys one transaction of clear removes
-EVICT_MARGIN = 8  # reads an eviction leaves a transaction of a store with limits
-
-PENDING, STORED = 0, 1
-
-_U64 = struct.Struct(">Q")
-# slot, generation, crc, length, stamp, state, the reserving call's request id; then the owner
-_ENTRY = struct.Struct("<QQIQQBQ")
-_COUNTERS = struct.Struct("<8q")
-_COUNTER_NAMES = (
-    "hits",
-    "misses",
-    "hit_bytes",
-    "puts",
-    "put_bytes",
-    "evictions",
-    "blocks",
-    "bytes",
-)
-
-
-@dataclass
-class Entry:
-    """One key's place in the cache."""
-
-    slot: int
-    generation: int
-    crc: int
-    length: int
-    stamp: int  # ns: when stored, reserved or last read (its KVCR key)
-    state: int
-    owner: str = ""  # the client id of a pending entry's writer
-    request: int = 0  # the request id of the call that reserved a pending entry
-
-    def encode(self) -> bytes:
-        head = _ENTRY.pack(
-            self.slot,
-            self.generation,
-            self.crc,
-            self.length,
-            self.stamp,
-            self.state,
-            self.request,
-        )
-        return head + self.owner.encode("utf-8", "surrogateescape")
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Entry:
-        slot, gen, crc, length, stamp, state, request = _ENTRY.unpack_from(raw)
-        owner = raw[_ENTRY.size :].decode("utf-8", "surrogateescape")
-        return cls(slot, gen, crc, length, stamp, state, owner, request)
-
-
-class Counters:
-    """The counters of one cache, summed over its shards (or one shard's changes)."""
-
-    __slots__ = _COUNTER_NAMES
-
-    def __init__(self, values: Sequence[int] = (0,) * len(_COUNTER_NAMES)) -> None:
-        for name, value in zip(_COUNTER_NAMES, values, strict=True):
-            setattr(self, name, value)
-
-    def values(self) -> tuple[int, ...]:
-        return tuple(getattr(self, n) for n in _COUNTER_NAMES)
-
-    def __bool__(self) -> bool:
-        return any(self.values())
-
-    def add(self, other: Counters) -> None:
-        for name in _COUNTER_NAMES:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-# keys ---------------------------------------------------------------------------------------
-def cache_key(cache: int) -> bytes:
-    return keys.KV_CACHE + _U64.pack(cache)
-
-
-def entry_prefix(cache: int) -> bytes:
-    return keys.KV_ENTRY + _U64.pack(cache)
-
-
-def recent_prefix(cache: int) -> bytes:
-    return keys.KV_RECENT + _U64.pack(cache)
-
-
-def recent_key(cache: int, stamp: int, key: bytes) -> bytes:
-    return recent_prefix(cache) + _U64.pack(stamp) + key
-
-
-def free_prefix(cache: int) -> bytes:
-    return keys.KV_FREE + _U64.pack(cache)
-
-
-def fill_key(cache: int, slab: int | None = None) -> bytes:
-    base = keys.KV_FILL + _U64.pack(cache)
-    return base if slab is None else base + _U64.pack(slab)
-
-
-def filled_key(cache: int) -> bytes:
-    """Present once every slot of the cache has been handed out."""
-    return keys.KV_FILL + _U64.pack(cache) + b"F"
-
-
-def writer_key(cache: int, client_id: str) -> bytes:
-    return keys.KV_WRITER + _U64.pack(cache) + client_id.encode("utf-8", "surrogateescape")
-
-
-def stats_prefix(cache: int) -> bytes:
-    return keys.KV_STATS + _U64.pack(cache)
-
-
-def stats_key(cache: int, shard: int) -> bytes:
-    return stats_prefix(cache) + bytes([shard])
-
-
-def _total(shards) -> Counters:
-    """The counters of a cache: the sum of its shards' ``(key, value)`` pairs."""
-    total = Counters()
-    for _, raw in shards:
-        total.add(Counters(_COUNTERS.unpack(raw)))
-    return total
-
-
-def _u64(raw: bytes | None) -> int:
-    return 0 if raw is None else _U64.unpack(raw)[0]
-
-
-# the index ----------------------------------------------------------------------------------
-@dataclass
-class Reserved:
-    """What a reservation gave each key: a state, and the slot and generation of a new one."""
-
-    state: int
-    slot: int = 0
-    generation: int = 0
 
 
 class KVIndex:
@@ -371,7 +245,7 @@ class KVIndex:
             rec = kvcache_pb2.KvCacheRecord.FromString(raw)
             if self.engine.get(keys.inode_key(rec.cache_id)) is None:
                 continue  # removed; the sweep deletes its index
-            out.append((rec, _total(self.engine.scan_prefix(stats_prefix(rec.cache_id)))))
+            out.append((rec, total(self.engine.scan_prefix(stats_prefix(rec.cache_id)))))
         return out
 
     def slab_of(self, cache: int, slot: int) -> int:
@@ -394,7 +268,7 @@ class KVIndex:
         ``touch`` marks the call as a read: entries read become the most
         recently used, and hits and misses are counted.
         """
-        _check_keys(key_list)
+        check_keys(key_list)
         out: list[Entry | None] = []
         for part in self._parts(key_list):
 
@@ -420,7 +294,7 @@ class KVIndex:
                                 self._restamp(txn, cache, k, e, now)
                     if e is None and prefix:
                         return found, True
-                self._count(txn, cache, delta)
+                count(txn, cache, delta)
                 return found, False
 
             found, stop = run_transaction(self.engine, attempt, sync=False)
@@ -452,7 +326,7 @@ class KVIndex:
 
         def attempt(txn: Transaction) -> tuple[Counters, int]:
             self._begin(txn, cache, creds, access.READ)
-            return _total(txn.scan_prefix(stats_prefix(cache))), _u64(txn.get(fill_key(cache)))
+            return total(txn.scan_prefix(stats_prefix(cache))), u64(txn.get(fill_key(cache)))
 
         return run_transaction(self.engine, attempt)
 
@@ -471,7 +345,7 @@ class KVIndex:
         ``writer`` is the client id (whose slab fresh slots come from),
         ``request`` the id of the call: a retry of it gets its reservations back.
         """
-        _check_keys(key_list)
+        check_keys(key_list)
         if len(lengths) != len(key_list):
             raise InvalidArgument("one length per key")
         if not writer:
@@ -527,7 +401,11 @@ class KVIndex:
             else:
                 out.append(Reserved(kvcache_pb2.KV_BUSY))
         wanted = len(new) - len(reuse)
-        slots = self._take_slots(txn, cache, g, writer, wanted, now) if wanted > 0 else []
+        slots = (
+            take_slots(txn, cache, g, writer, wanted, now, self.engine.max_txn_ops)
+            if wanted > 0
+            else []
+        )
         it = iter(slots)
         for i in new:
             slot = reuse.get(i)
@@ -543,116 +421,11 @@ class KVIndex:
             out[i] = Reserved(kvcache_pb2.KV_RESERVED, slot, gen)
         return out  # type: ignore[return-value]
 
-    def _take_slots(self, txn, cache, g, writer, n, now) -> list[int]:
-        """``n`` slots (fewer when the cache has no more): given back, fresh, then evicted."""
-        slots: list[int] = []
-        fp = free_prefix(cache)
-        for k, _ in list(txn.scan_prefix(fp, limit=n)):
-            if txn.get(k) is None:  # in the read set: two writers never take one slot
-                continue
-            txn.delete(k)
-            slots.append(_U64.unpack(k[len(fp) :])[0])
-        if len(slots) < n:
-            slots.extend(self._fresh(txn, cache, g, writer, n - len(slots)))
-        if len(slots) < n:
-            slots.extend(self._evict(txn, cache, n - len(slots), now))
-        return slots
-
-    def _fresh(self, txn, cache, g, writer, n) -> list[int]:
-        """Slots never handed out: the writer's slab, untouched slabs, then any slab with room."""
-        if txn.get(filled_key(cache)) is not None:
-            return []  # every slot was handed out once; they come back through the free list
-        out: list[int] = []
-        wkey = writer_key(cache, writer)
-        raw = txn.get(wkey)
-        slab = None if raw is None else _u64(raw)
-        while len(out) < n:
-            if slab is None:
-                nxt = _u64(txn.get(fill_key(cache)))
-                if nxt >= slab_count(g):
-                    break
-                slab = nxt
-                txn.put(fill_key(cache), _U64.pack(nxt + 1))
-                txn.put(wkey, _U64.pack(slab))
-            out.extend(self._fill(txn, cache, g, slab, n - len(out)))
-            if len(out) < n:
-                slab = None  # this one is full: the next untouched one
-        if len(out) < n:
-            # Every slab is started: take what is left of others' slabs (writers
-            # that went away leave theirs part filled).
-            fp = fill_key(cache)
-            for k, _ in list(txn.scan_prefix(fp)):
-                if len(k) == len(fp) + 8:
-                    slab = _U64.unpack(k[len(fp) :])[0]
-                    got = self._fill(txn, cache, g, slab, n - len(out))
-                    if got:
-                        out.extend(got)
-                        txn.put(wkey, _U64.pack(slab))  # where this writer goes on
-                    if len(out) == n:
-                        break
-            else:
-                txn.put(filled_key(cache), b"")
-        return out
-
-    @staticmethod
-    def _fill(txn, cache, g, slab, n) -> list[int]:
-        """Up to ``n`` slots of ``slab`` never handed out (its fill count moved past them)."""
-        fk = fill_key(cache, slab)
-        used = _u64(txn.get(fk))
-        take = min(slab_capacity(g, slab) - used, n)
-        if take <= 0:
-            return []
-        txn.put(fk, _U64.pack(used + take))
-        first = slab * g.slab_slots + used
-        return list(range(first, first + take))
-
-    def _evict(self, txn, cache, n, now) -> list[int]:
-        """Slots of the ``n`` least recently used entries (stored, or reservations lapsed).
-
-        Entries being written are passed over; the scan goes on past them as
-        far as a transaction of the store may read.
-        """
-        out: list[int] = []
-        rp = recent_prefix(cache)
-        base = entry_prefix(cache)
-        delta = Counters()
-        limit = self.engine.max_txn_ops
-        budget = None if limit is None else limit - txn.size[0] - EVICT_MARGIN
-        after = None
-        while len(out) < n and (budget is None or budget > 0):
-            want = 4 * (n - len(out)) + 16
-            page = list(txn.scan_prefix(rp, start_after=after, limit=min(want, budget or want)))
-            if not page:
-                break
-            after = page[-1][0]
-            for rk, _ in page:
-                if len(out) == n:
-                    break
-                k = rk[len(rp) + 8 :]
-                raw = txn.get(base + k)
-                if budget is not None:
-                    budget -= 1
-                if raw is None:
-                    txn.delete(rk)  # left by an interrupted clear
-                    continue
-                e = Entry.decode(raw)
-                if e.state != STORED and now - e.stamp < PENDING_TIMEOUT_NS:
-                    continue  # being written
-                if e.state == STORED:
-                    delta.evictions += 1
-                    delta.blocks -= 1
-                    delta.bytes -= e.length
-                txn.delete(rk)
-                txn.delete(base + k)
-                out.append(e.slot)
-        self._count(txn, cache, delta)
-        return out
-
     def commit(self, creds: Credentials, writer: str, cache: int, items) -> list[bool]:
         """Store (or give back) reserved blocks; per item whether its key now holds that block."""
         if len(items) > MAX_BATCH:
             raise InvalidArgument(f"more than {MAX_BATCH} items in one call")
-        _check_keys([it.key for it in items])
+        check_keys([it.key for it in items])
         out: list[bool] = []
         for start in range(0, len(items), self.per_txn):
             part = items[start : start + self.per_txn]
@@ -685,7 +458,7 @@ class KVIndex:
             txn.delete(recent_key(cache, e.stamp, it.key))
             if not it.written:
                 txn.delete(base + it.key)
-                txn.put(free_prefix(cache) + _U64.pack(e.slot), b"")
+                txn.put(free_prefix(cache) + U64.pack(e.slot), b"")
                 out.append(False)
                 continue
             stored = Entry(e.slot, e.generation, it.crc, e.length, now, STORED)
@@ -696,7 +469,7 @@ class KVIndex:
             delta.blocks += 1
             delta.bytes += e.length
             out.append(True)
-        self._count(txn, cache, delta)
+        count(txn, cache, delta)
         return out
 
     def delete(
@@ -712,7 +485,7 @@ class KVIndex:
         has that generation: a reader drops the block it found damaged
         without dropping a newer block stored under the key meanwhile.
         """
-        _check_keys(key_list)
+        check_keys(key_list)
         if generations and len(generations) != len(key_list):
             raise InvalidArgument("one generation per key")
         gens = list(generations) or [0] * len(key_list)
@@ -738,11 +511,11 @@ class KVIndex:
                 continue
             txn.delete(base + k)
             txn.delete(recent_key(cache, e.stamp, k))
-            txn.put(free_prefix(cache) + _U64.pack(e.slot), b"")
+            txn.put(free_prefix(cache) + U64.pack(e.slot), b"")
             if e.state == STORED:
                 delta.blocks -= 1
                 delta.bytes -= e.length
-        self._count(txn, cache, delta)
+        count(txn, cache, delta)
         return -delta.blocks
 
     def clear(self, creds: Credentials, cache: int) -> int:
@@ -781,7 +554,7 @@ class KVIndex:
         """Delete up to a slice of ``cache``'s index keys; the record once nothing else is left."""
         budget = min(SLICE, self.per_txn * 4)
         doomed: list[bytes] = []
-        for prefix in _cache_prefixes(cache):
+        for prefix in cache_prefixes(cache):
             if len(doomed) >= budget:
                 break
             doomed.extend(k for k, _ in self.engine.scan_prefix(prefix, limit=budget - len(doomed)))
@@ -818,32 +591,6 @@ class KVIndex:
         txn.put(entry_prefix(cache) + k, e.encode())
         txn.put(recent_key(cache, now, k), b"")
 
-    @staticmethod
-    def _count(txn: Transaction, cache: int, delta: Counters) -> None:
-        if not delta:
-            return
-        key = stats_key(cache, random.randrange(STAT_SHARDS))
-        raw = txn.get(key)
-        now = Counters(_COUNTERS.unpack(raw)) if raw is not None else Counters()
-        now.add(delta)
-        txn.put(key, _COUNTERS.pack(*now.values()))
-
-
-def _cache_prefixes(cache: int) -> tuple[bytes, ...]:
-    """Every key prefix of one cache's index but its record."""
-    c = _U64.pack(cache)
-    return tuple(
-        p + c
-        for p in (
-            keys.KV_ENTRY,
-            keys.KV_RECENT,
-            keys.KV_FREE,
-            keys.KV_FILL,
-            keys.KV_WRITER,
-            keys.KV_STATS,
-        )
-    )
-
 
 def run_transaction(engine: KVEngine, fn, *, sync: bool = True):
     """:func:`~emberfs.metaserver.store.kv.run_transaction`; conflicts to the end are Unavailable."""
@@ -851,13 +598,3 @@ def run_transaction(engine: KVEngine, fn, *, sync: bool = True):
         return _run_transaction(engine, fn, sync=sync)
     except Conflict:
         raise Unavailable("the KV cache index is too busy; retry") from None
-
-
-def _check_keys(key_list: Sequence[bytes]) -> None:
-    if len(key_list) > MAX_BATCH:
-        raise InvalidArgument(f"more than {MAX_BATCH} keys in one call")
-    for k in key_list:
-        if not k:
-            raise InvalidArgument("an empty key")
-        if len(k) > MAX_KEY:
-            raise InvalidArgument(f"a key of {len(k)} bytes (at most {MAX_KEY})")

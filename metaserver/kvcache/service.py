@@ -1,4 +1,4 @@
-"""The KV cache calls of MetaService (``Kv*``): requests in, :class:`~.kvindex.KVIndex` calls, answers out.
+"""The KV cache calls of MetaService (``Kv*``): requests in, :class:`~.index.KVIndex` calls, answers out.
 
 The index checks the caller's permissions on the cache directory; these
 calls add the chunk capabilities of the slabs an answer points into, so a

@@ -38,14 +38,14 @@ LEADER = b"LEAD"  # LEAD                               -> LeaderInfo (JSON)
 TRASH = b"TRSH"  # TRSH + inode id (u64 BE)            -> b"" (the detached directory)
 # KV caches (emberfs.metaserver.kvcache.index); a cache id is its directory's inode id (u64 BE)
 KV_CACHE = b"KVCC"  # KVCC + cache id                  -> KvCacheRecord (kvcache.proto)
-KV_ENTRY = b"KVCE"  # KVCE + cache id + key            -> index entry (kvindex.Entry)
+KV_ENTRY = b"KVCE"  # KVCE + cache id + key            -> index entry (kvcache.entries.Entry)
 KV_RECENT = b"KVCR"  # KVCR + cache id + stamp (u64 BE) + key -> b"" (least recently used first)
 KV_FREE = b"KVCF"  # KVCF + cache id + slot (u64 BE)   -> b"" (a slot given back)
 KV_FILL = b"KVCH"  # KVCH + cache id                   -> next untouched slab (u64 BE)
 #                   KVCH + cache id + slab (u64 BE)    -> slots of that slab handed out (u64 BE)
 #                   KVCH + cache id + "F"              -> b"" once every slot was handed out
 KV_WRITER = b"KVCW"  # KVCW + cache id + client id      -> the writer's slab (u64 BE)
-KV_STATS = b"KVCS"  # KVCS + cache id + shard (u8)     -> counters (kvindex.Counters)
+KV_STATS = b"KVCS"  # KVCS + cache id + shard (u8)     -> counters (kvcache.entries.Counters)
 
 ALL_PREFIXES = (
     INODE,

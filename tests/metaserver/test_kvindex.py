@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from emberfs.common import errors, kvgeometry
 from emberfs.common.layout import MAX_STRIPE
 from emberfs.metaserver.fs.namespace import Namespace
-from emberfs.metaserver.kvcache import index as kvindex
+from emberfs.metaserver.kvcache import entries as index_entries
 from emberfs.metaserver.kvcache.service import KVCacheCalls
 from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import common_pb2, kvcache_pb2, meta_pb2
@@ -99,10 +99,11 @@ class Harness:
     def stats(self, cache):
         return self.calls.stats(kvcache_pb2.KvStatsRequest(ctx=self.ctx(), cache_id=cache)).stats
 
-    def entries(self, cache) -> dict[bytes, kvindex.Entry]:
-        base = kvindex.entry_prefix(cache)
+    def entries(self, cache) -> dict[bytes, index_entries.Entry]:
+        base = index_entries.entry_prefix(cache)
         return {
-            k[len(base) :]: kvindex.Entry.decode(v) for k, v in self.ns.engine.scan_prefix(base)
+            k[len(base) :]: index_entries.Entry.decode(v)
+            for k, v in self.ns.engine.scan_prefix(base)
         }
 
 
@@ -218,7 +219,7 @@ def test_a_failed_write_gives_the_slot_back(h):
 def test_a_lapsed_reservation_is_taken_over(h):
     cache = h.make().cache_id
     old = h.reserve(cache, [b"k"], h.ctx(client_id="w1"))
-    h.clock.advance(kvindex.PENDING_TIMEOUT_NS / 1e9 + 1)
+    h.clock.advance(index_entries.PENDING_TIMEOUT_NS / 1e9 + 1)
     new = h.reserve(cache, [b"k"], h.ctx(client_id="w2"))
     assert new[0].state == RESERVED and new[0].generation != old[0].generation
     # the first writer woke up: its commit finds the key no longer its own
@@ -255,7 +256,7 @@ def test_blocks_being_written_are_not_evicted(h):
     pending = h.reserve(cache, [b"a", b"b", b"c", b"d"], h.ctx(client_id="slow"))
     assert all(r.state == RESERVED for r in pending)
     assert h.reserve(cache, [b"e"], h.ctx(client_id="other"))[0].state == FULL
-    h.clock.advance(kvindex.PENDING_TIMEOUT_NS / 1e9 + 1)  # the writer went away
+    h.clock.advance(index_entries.PENDING_TIMEOUT_NS / 1e9 + 1)  # the writer went away
     assert h.reserve(cache, [b"e"], h.ctx(client_id="other"))[0].state == RESERVED
 
 
@@ -325,7 +326,7 @@ def test_bad_requests_are_refused(h):
     with pytest.raises(errors.InvalidArgument):
         h.reserve(cache, [b""])
     with pytest.raises(errors.InvalidArgument):
-        h.reserve(cache, [b"x" * (kvindex.MAX_KEY + 1)])
+        h.reserve(cache, [b"x" * (index_entries.MAX_KEY + 1)])
     with pytest.raises(errors.InvalidArgument):
         h.reserve(cache, [b"a"], lengths=[BLOCK + 1])
     with pytest.raises(errors.InvalidArgument):
@@ -367,7 +368,7 @@ def test_the_index_of_a_removed_cache_is_swept(h):
     assert h.ns.kvcaches.sweep_removed() == 0
     h.ns.remove(meta_pb2.RemoveRequest(ctx=ALICE, path="/kv", recursive=True))
     assert h.ns.kvcaches.sweep_removed() > 0
-    c = kvindex._U64.pack(cache)
+    c = index_entries.U64.pack(cache)
     leftover = [
         k for k, _ in h.ns.engine.scan_prefix(b"KVC") if k[4:12] == c
     ]  # every KV prefix starts with KVC
@@ -409,16 +410,16 @@ def test_random_calls_keep_the_index_consistent(calls):
         elif op == "delete":
             h.calls.delete(kvcache_pb2.KvDeleteRequest(ctx=ctx, cache_id=cache, keys=keys))
         else:
-            h.clock.advance(kvindex.PENDING_TIMEOUT_NS / 1e9 + 1)
+            h.clock.advance(index_entries.PENDING_TIMEOUT_NS / 1e9 + 1)
         h.clock.advance(0.5)
         entries = h.entries(cache)
         slots = [e.slot for e in entries.values()]
         assert len(slots) == len(set(slots)), "two keys share a slot"
         assert all(0 <= s < capacity for s in slots)
-        free = [k for k, _ in h.ns.engine.scan_prefix(kvindex.free_prefix(cache))]
-        free_slots = {kvindex._U64.unpack(k[-8:])[0] for k in free}
+        free = [k for k, _ in h.ns.engine.scan_prefix(index_entries.free_prefix(cache))]
+        free_slots = {index_entries.U64.unpack(k[-8:])[0] for k in free}
         assert not free_slots & set(slots), "a slot in use is also free"
-        recent = list(h.ns.engine.scan_prefix(kvindex.recent_prefix(cache)))
+        recent = list(h.ns.engine.scan_prefix(index_entries.recent_prefix(cache)))
         assert len(recent) == len(entries), "recency and entries disagree"
         s = h.stats(cache)
-        assert s.used_blocks == sum(e.state == kvindex.STORED for e in entries.values())
+        assert s.used_blocks == sum(e.state == index_entries.STORED for e in entries.values())
