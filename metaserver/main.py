@@ -263,7 +263,7 @@ def intervals(heartbeat_timeout: float, session_timeout: float) -> tuple[float, 
     )
 
 
-def _sweep_loop(
+def sweep_loop(
     gc: GCQueue,
     namespace: Namespace,
     stop: threading.Event,
@@ -346,7 +346,7 @@ def _bind(server: grpc.Server, address: str, tls=None) -> int:
         return 0
 
 
-def _start_admin(app, address: str, tls=None):
+def start_admin(app, address: str, tls=None):
     import uvicorn
 
     host, port = split_address(address)
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens=tokens,
                 tls=args.tls,
             )
-            admin = _start_admin(app, args.admin_listen, args.tls)
+            admin = start_admin(app, args.admin_listen, args.tls)
         except OSError as exc:
             print(
                 f"emberfs metaserver: cannot listen on {args.admin_listen}: {exc}", file=sys.stderr
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         for target, loop_args, name in (
             (_check_loop, (cluster, stop, interval), "timeouts"),
             (
-                _sweep_loop,
+                sweep_loop,
                 (gc, namespace, stop, interval, session_interval, leadership.leading, extra),
                 "sweeps",
             ),

@@ -129,11 +129,11 @@ class Namespace:
         if not 1 <= default_layout.stripe <= layouts.MAX_STRIPE:
             raise ValueError(f"stripe {default_layout.stripe} is outside 1..{layouts.MAX_STRIPE}")
         self.engine = engine
-        self._clock = clock
+        self.clock = clock
         self._usage = usage
         self._grace = grace if grace is not None else Grace()
-        self._leases = Leases(self._grace, session_timeout)
-        self._env = NamespaceEnv(
+        self.leases = Leases(self._grace, session_timeout)
+        self.env = NamespaceEnv(
             clock=clock,
             chain_table=chain_table,
             truncate_chunks=truncate_chunks,
@@ -141,7 +141,7 @@ class Namespace:
             inode_ids=IdAllocator(engine, keys.NEXT_INODE, first=records.ROOT_INODE + 1),
             seeds=IdAllocator(engine, keys.NEXT_SEED, first=0),
             session_ids=IdAllocator(engine, keys.NEXT_SESSION, first=1),
-            leases=self._leases,
+            leases=self.leases,
             shared_counts=engine.shared,
             paths=lookup.PathCache() if engine.shared else None,
         )
@@ -152,7 +152,7 @@ class Namespace:
         run_transaction(engine, self._make_root)
         self.runner = OpRunner(
             engine,
-            self._env,
+            self.env,
             clock,
             gc_queued=gc_queued,
             pending_cuts=self._cuts,
@@ -165,7 +165,7 @@ class Namespace:
         key = keys.inode_key(records.ROOT_INODE)
         if txn.get(key) is not None:
             return
-        now = self._clock()
+        now = self.clock()
         root = common_pb2.InodeAttr(
             inode=records.ROOT_INODE,
             type=common_pb2.DIRECTORY,
@@ -195,7 +195,7 @@ class Namespace:
         pruning has filled with tombstones takes tens of milliseconds).
         """
         with self._prune_lock:
-            now = self._clock()
+            now = self.clock()
             cursor = None
             seen = 0
             while True:
@@ -347,13 +347,13 @@ class Namespace:
         """
         now = self._grace.check()
         stored = sessions.stored(self.engine)
-        self._leases.retain((s.inode, s.session_id) for s in stored)
+        self.leases.retain((s.inode, s.session_id) for s in stored)
         ended = []
         for candidate in stored:
-            silence = self._leases.silence(
+            silence = self.leases.silence(
                 candidate.inode, candidate.session_id, now, candidate.renewed_ns
             )
-            if silence < self._leases.timeout:
+            if silence < self.leases.timeout:
                 continue
             session = self._expire_one(candidate)
             if session is None:
@@ -372,10 +372,10 @@ class Namespace:
         last: list[OpContext] = []
 
         def lapsed(session: records.Session) -> bool:
-            return self._leases.lapsed(session.inode, session.session_id, session.renewed_ns)
+            return self.leases.lapsed(session.inode, session.session_id, session.renewed_ns)
 
         def attempt(txn: Transaction) -> records.Session | None:
-            op = OpContext(txn, Credentials(0, 0, frozenset()), self._env, self._clock())
+            op = OpContext(txn, Credentials(0, 0, frozenset()), self.env, self.clock())
             last[:] = [op]
             return sessions.expire(op, candidate.inode, candidate.session_id, lapsed)
 
@@ -473,11 +473,11 @@ class Namespace:
         and ``expires`` (when the session ends unless renewed: the session timeout
         after the last renewal this metaserver saw, or after its start or last
         stall when later)."""
-        wall = self._clock()
+        wall = self.clock()
         now = self._grace.clock()
         out = []
         for s in sessions.stored(self.engine):
-            left = self._leases.timeout - self._leases.silence(
+            left = self.leases.timeout - self.leases.silence(
                 s.inode, s.session_id, now, s.renewed_ns
             )
             out.append(

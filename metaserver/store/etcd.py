@@ -325,7 +325,7 @@ class EtcdEngine(KVEngine):
         out = []
         for index, endpoint in enumerate(self.endpoints):
             try:
-                resp = self.client._stub(index, "Maintenance").Status(
+                resp = self.client.stub(index, "Maintenance").Status(
                     rpc.StatusRequest(), timeout=self.settings.timeout
                 )
             except grpc.RpcError as exc:

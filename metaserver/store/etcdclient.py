@@ -155,7 +155,8 @@ class EtcdClient:
         self._current = 0
         self._closed = False
 
-    def _stub(self, index: int, service: str):
+    def stub(self, index: int, service: str):
+        """The stub of ``service`` on endpoint ``index`` (its channel made on first use)."""
         key = (index, service)
         stub = self._stubs.get(key)
         if stub is not None:
@@ -201,7 +202,7 @@ class EtcdClient:
             if left <= 0:
                 break
             try:
-                fn = getattr(self._stub(index, service), method)
+                fn = getattr(self.stub(index, service), method)
                 if stream:
                     response = next(iter(fn(iter([request]), timeout=left)), None)
                     if response is None:

@@ -535,7 +535,7 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
                 return 0
 
     loop = threading.Thread(
-        target=meta_main._sweep_loop, args=(GCQueue(), Namespace(), stop, 0.01, 1.0)
+        target=meta_main.sweep_loop, args=(GCQueue(), Namespace(), stop, 0.01, 1.0)
     )
     loop.start()
     loop.join(timeout=10)
@@ -563,11 +563,11 @@ def test_the_admin_api_listens_on_a_socket_that_says_tcp():
     from emberfs.metaserver.api import create_app
     from emberfs.metaserver.clustermgr.gcqueue import GCQueue
     from emberfs.metaserver.clustermgr.manager import ClusterManager
-    from emberfs.metaserver.main import _start_admin
+    from emberfs.metaserver.main import start_admin
     from emberfs.metaserver.store.kv import MemoryEngine
 
     cluster = ClusterManager(MemoryEngine())
-    server, thread, sock = _start_admin(create_app(cluster, GCQueue(cluster)), "127.0.0.1:0")
+    server, thread, sock = start_admin(create_app(cluster, GCQueue(cluster)), "127.0.0.1:0")
     try:
         assert sock.proto == socket.IPPROTO_TCP
     finally:

@@ -161,7 +161,7 @@ def test_pruning_seeks_to_the_first_kept_record(ns, monkeypatch):
     assert starts[0] == mine  # no hint yet: the whole range
     assert starts[-1] == keys.idempotent_key("client-a", 24)
     # a namespace without hints (a restarted metaserver) scans the range once, then seeks
-    fresh = Namespace(ns.engine, chain_table=lambda: [1, 2, 3], clock=ns._clock)
+    fresh = Namespace(ns.engine, chain_table=lambda: [1, 2, 3], clock=ns.clock)
     starts.clear()
     for rid in range(41, 44):
         fresh.mkdir(meta_pb2.MkdirRequest(ctx=ctx(rid), path=f"/d{rid}"))

@@ -188,7 +188,7 @@ def test_renewal_is_not_deduplicated(ns, clock):
 
 def _renew_attempt(ns, clock, refs):
     txn = ns.engine.transaction()
-    op = OpContext(txn, Credentials(0, 0, frozenset()), ns._env, clock())
+    op = OpContext(txn, Credentials(0, 0, frozenset()), ns.env, clock())
     req = meta_pb2.RenewSessionsRequest(
         sessions=[meta_pb2.SessionRef(inode=i, session_id=s) for i, s in refs]
     )
@@ -234,8 +234,8 @@ def test_renewal_racing_with_expiry_of_the_same_session_makes_the_expiry_retry(n
     clock.advance(TIMEOUT)
     # an expiry that read the session and found its lease run out, not yet committed
     txn = ns.engine.transaction()
-    op = OpContext(txn, Credentials(0, 0, frozenset()), ns._env, clock())
-    assert sessions.expire(op, *ref, lambda s: ns._leases.lapsed(*ref)) is not None
+    op = OpContext(txn, Credentials(0, 0, frozenset()), ns.env, clock())
+    assert sessions.expire(op, *ref, lambda s: ns.leases.lapsed(*ref)) is not None
     assert renew(ns, ref) == set()
     with pytest.raises(Conflict):
         txn.commit()
