@@ -9,7 +9,7 @@
 A store is ``rocksdb:PATH`` (PATH is the metaserver's ``--data-dir``; the
 database is ``PATH/meta``) or the ``etcd://`` URL a metaserver's ``--kv``
 takes. The copy, its refusals and its verification are
-:mod:`emberfs.metaserver.store.migrate`'s; this module parses the arguments and
+:mod:`emberfs.metaserver.store.migration`'s; this module parses the arguments and
 prints what it found. Output goes to stdout (progress and errors to stderr);
 the two ``sha256`` lines are meant for scripts.
 """
