@@ -59,6 +59,10 @@ from emberfs.proto import common_pb2
 class ClusterManager(StoredState, NodeCalls, Steering):
     """Persistent cluster state and the rules that change it.
 
+    The state in the store is :class:`~.statestore.StoredState`'s part, the storage nodes'
+    calls :class:`~.nodecalls.NodeCalls`', the operator's steering :class:`~.steering.Steering`'s;
+    this class holds the state, the leadership and the chain rules they share.
+
     Parameters
     ----------
     engine : KVEngine

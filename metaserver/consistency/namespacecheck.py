@@ -40,6 +40,8 @@ class NamespaceCheck:
         )
 
     def check(self, inodes: Inodes, dirs: dict[int, tuple[int, str]]) -> Iterator[Finding]:
+        """The findings on the entries and link counts; ``dirs`` gets each directory's
+        (parent, name)."""
         named = array("I", bytes(4 * len(inodes.ids)))
         guard_len = len(keys.DENTRY) + 8
         for key, raw in self.engine.scan_prefix(keys.DENTRY):

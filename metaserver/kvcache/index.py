@@ -17,7 +17,7 @@ An entry is ``key -> (slot, generation, crc, length, stamp, state)``:
   first writer wins. A retried reservation (the same client and request id)
   gets its own pending entries back, and a retried commit finds its entries
   committed, so both are idempotent without a request table. A pending entry
-  whose writer went away is taken over after :data:`PENDING_TIMEOUT_NS`.
+  whose writer went away is taken over after :data:`~.entries.PENDING_TIMEOUT_NS`.
 * a **lookup** (``Lookup``) returns each key's slot, generation and CRC; the
   reader checks the CRC of the bytes it read, so a slot reused for another
   key while it read (evicted, then written) is a miss, never another key's
@@ -29,7 +29,7 @@ A cache whose directory is removed leaves its index behind; the leader's
 sweep (:meth:`KVIndex.sweep_removed`) deletes it a slice at a time.
 
 Counters (hits, misses, bytes, evictions, blocks stored) live in
-:data:`STAT_SHARDS` keys per cache, one picked at random per transaction,
+:data:`~.entries.STAT_SHARDS` keys per cache, one picked at random per transaction,
 so that concurrent calls rarely conflict on them.
 """
 
@@ -340,7 +340,7 @@ class KVIndex:
         key_list: Sequence[bytes],
         lengths: Sequence[int],
     ) -> list[Reserved]:
-        """A slot for each new key (see the module's description); one :class:`Reserved` per key.
+        """A slot for each new key (see the module's description); one :class:`~.entries.Reserved` per key.
 
         ``writer`` is the client id (whose slab fresh slots come from),
         ``request`` the id of the call: a retry of it gets its reservations back.

@@ -16,21 +16,21 @@ What is copied
     :mod:`~emberfs.metaserver.fs.inodecounts`) are not copied but rebuilt with
     :func:`~emberfs.metaserver.fs.inodecounts.recount` once the copy is made on a
     shared destination; a local destination keeps its counts in memory and
-    gets none. :func:`copied` is that selection.
+    gets none. :func:`~.tally.copied` is that selection.
 
-Refusals (:class:`Refused`, nothing written)
+Refusals (:class:`~.errors.Refused`, nothing written)
     - a metaserver may run on either store: on etcd the leader key exists
       (a metaserver leads there, or one was killed less than its lease ttl
-      ago); on RocksDB the database's lock is held (:class:`StoreInUse`). The
+      ago); on RocksDB the database's lock is held (:class:`~.errors.StoreInUse`). The
       RocksDB stores stay open, and so locked, for the whole migration, so no
       metaserver can start on them meanwhile;
     - the destination is not empty: any key at all in its keyspace (its
-      prefix, on etcd) (:class:`NotEmpty`);
-    - the source holds nothing to copy (:class:`EmptySource`);
+      prefix, on etcd) (:class:`~.errors.NotEmpty`);
+    - the source holds nothing to copy (:class:`~.errors.EmptySource`);
     - source and destination are one store, or one etcd prefix inside the
-      other (:class:`SameStore`);
+      other (:class:`~.errors.SameStore`);
     - a key and its value are larger than the destination takes in one
-      request (etcd's ``--max-request-bytes``) (:class:`TooLarge`).
+      request (etcd's ``--max-request-bytes``) (:class:`~.errors.TooLarge`).
 
 How
     :func:`plan` checks the refusals and surveys the source: one pass that
@@ -41,13 +41,13 @@ How
     at one revision), so a store of any size goes through in bounded memory.
     Writes go in batches the destination takes: on etcd at most
     ``max_txn_ops`` keys and the request size (less a margin for etcd's
-    framing) per transaction, :data:`ETCD_IN_FLIGHT` transactions in flight
+    framing) per transaction, :data:`~.writer.ETCD_IN_FLIGHT` transactions in flight
     (etcd commits concurrent transactions together); on RocksDB batches of
-    :data:`ROCKS_BATCH_KEYS` keys written unsynced, and one WAL sync at the
+    :data:`~.writer.ROCKS_BATCH_KEYS` keys written unsynced, and one WAL sync at the
     end.
 
 Verification
-    The checksum of a store (:class:`Tally`) is a SHA-256 over its copied
+    The checksum of a store (:class:`~.tally.Tally`) is a SHA-256 over its copied
     pairs in key order, each fed as the key's and the value's lengths (two
     big-endian u64) then the key, then the value, so that no two different
     keyspaces hash alike. After the copy, the source and the destination are
@@ -127,11 +127,11 @@ class Result:
 
 
 def plan(source: KVEngine, destination: KVEngine | None) -> Tally:
-    """Check the refusals and survey the source; its :class:`Tally`.
+    """Check the refusals and survey the source; its :class:`~.tally.Tally`.
 
     ``destination`` None: a RocksDB store that does not exist yet (empty).
-    Raises :class:`StoreInUse`, :class:`NotEmpty`, :class:`EmptySource` or
-    :class:`TooLarge` (see the module docstring); writes nothing.
+    Raises :class:`~.errors.StoreInUse`, :class:`~.errors.NotEmpty`, :class:`~.errors.EmptySource` or
+    :class:`~.errors.TooLarge` (see the module docstring); writes nothing.
     """
     check_idle(source, "source")
     if destination is not None:
@@ -165,7 +165,7 @@ def run(
     """Copy ``source`` into the empty ``destination`` and verify the copy (after :func:`plan`).
 
     ``progress(keys, bytes, total keys)`` is told what has been written after each batch.
-    Raises :class:`MigrationError` when a write fails (the destination then
+    Raises :class:`~.errors.MigrationError` when a write fails (the destination then
     holds a partial copy); a copy that is made but does not verify is a
     :class:`Result` with problems.
     """

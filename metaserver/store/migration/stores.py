@@ -75,8 +75,8 @@ _names: weakref.WeakKeyDictionary[KVEngine, str] = weakref.WeakKeyDictionary()
 def open_store(location: StoreLocation, *, create: bool) -> KVEngine | None:
     """The engine of ``location``; None for a RocksDB store that does not exist and not ``create``.
 
-    Raises :class:`StoreInUse` when the RocksDB database is locked (a
-    metaserver seems to run on it) and :class:`MigrationError` when it
+    Raises :class:`~.errors.StoreInUse` when the RocksDB database is locked (a
+    metaserver seems to run on it) and :class:`~.errors.MigrationError` when it
     cannot be opened otherwise.
     """
     if location.etcd is not None:
