@@ -164,10 +164,10 @@ def addresses(cluster) -> list[str]:
 
 
 def store_of(cluster):
-    """An :class:`~emberfs.metaserver.etcd.EtcdEngine` on the cluster's etcd (None: RocksDB)."""
+    """An :class:`~emberfs.metaserver.store.etcd.EtcdEngine` on the cluster's etcd (None: RocksDB)."""
     if cluster.etcd is None:
         return None
-    from emberfs.metaserver.etcd import EtcdEngine
+    from emberfs.metaserver.store.etcd import EtcdEngine
 
     return EtcdEngine(cluster.etcd.url("emberfs"))
 
@@ -179,7 +179,7 @@ def get_json(url: str, timeout: float = 5.0):
 
 def settle(cluster, store, timeout: float = 120.0) -> float:
     """Wait until no removed tree waits to be deleted and the GC queue is empty; seconds waited."""
-    from emberfs.metaserver import keys
+    from emberfs.metaserver.store import keys
 
     started = time.monotonic()
     while True:
@@ -545,7 +545,7 @@ def one_failover(cluster, n: int, warmup: float, after: float, limit: float = 60
 
 
 def failover(args, workdir: Path, token: str) -> dict:
-    from emberfs.metaserver.leadership import DEFAULT_TTL
+    from emberfs.metaserver.clustermgr.leadership import DEFAULT_TTL
 
     cluster = make_cluster(workdir, "failover", "etcd", 2, token)
     runs = []
@@ -598,7 +598,7 @@ def compact(store) -> int:
     """Compact the whole history up to the current revision (physically); that revision."""
     from aetcd.rpc import rpc_pb2
 
-    from emberfs.metaserver.kv import Conflict
+    from emberfs.metaserver.store.kv import Conflict
 
     revision = store.read(b"")[2]
     try:
@@ -632,8 +632,8 @@ def key_census(store) -> dict[str, dict[str, int]]:
 def etcd_size(args, workdir: Path, token: str) -> dict:
     from aetcd.rpc import rpc_pb2
 
-    from emberfs.metaserver import keys
-    from emberfs.metaserver.kv import prefix_end
+    from emberfs.metaserver.store import keys
+    from emberfs.metaserver.store.kv import prefix_end
 
     n, per_dir = args.files, args.files_per_dir
     cluster = make_cluster(workdir, "size", "etcd", 1, token)

@@ -2,7 +2,7 @@
 
 Every mutating request stores its response for deduplication, and each store
 prunes that client's records older than the retry horizon (see
-``emberfs.metaserver.idempotency``). In RocksDB a pruned record stays a
+``emberfs.metaserver.fs.idempotency``). In RocksDB a pruned record stays a
 tombstone until compaction, so the prune scan must not start over those
 tombstones. This runs a namespace in-process on a RocksDB store (WAL written,
 not synced: the sync is measured by ``meta_rate``) with a clock that moves
@@ -23,8 +23,8 @@ import time
 
 
 def measure(rounds: int, per_round: int, ms_per_op: float) -> dict:
-    from emberfs.metaserver.kv import RocksEngine
-    from emberfs.metaserver.namespace import Namespace
+    from emberfs.metaserver.fs.namespace import Namespace
+    from emberfs.metaserver.store.kv import RocksEngine
     from emberfs.proto import common_pb2, meta_pb2
 
     with tempfile.TemporaryDirectory(prefix="emberfs-longlived-") as tmp:

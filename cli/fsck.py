@@ -8,7 +8,7 @@
     emberfs fsck --json          # one JSON document for scripts
 
 It asks the metaserver's admin API (``--admin`` or ``EMBERFS_ADMIN``), which
-runs the check (:mod:`emberfs.metaserver.fsck`) and answers with what it found, as JSON
+runs the check (:mod:`emberfs.metaserver.consistency.fsck`) and answers with what it found, as JSON
 lines, once the check is over.
 Exit status: 0 when the cluster is clean (or ``--repair`` fixed everything it
 found), 1 when damage remains, 2 when the check could not run.

@@ -106,7 +106,7 @@ class LocalEtcd:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until a write through the cluster succeeds."""
-        from emberfs.metaserver.etcd import EtcdEngine
+        from emberfs.metaserver.store.etcd import EtcdEngine
 
         engine = EtcdEngine(f"etcd://{','.join(self.endpoints)}/emberfs-ready?timeout=2")
         deadline = time.monotonic() + timeout

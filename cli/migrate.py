@@ -9,7 +9,7 @@
 A store is ``rocksdb:PATH`` (PATH is the metaserver's ``--data-dir``; the
 database is ``PATH/meta``) or the ``etcd://`` URL a metaserver's ``--kv``
 takes. The copy, its refusals and its verification are
-:mod:`emberfs.metaserver.migrate`'s; this module parses the arguments and
+:mod:`emberfs.metaserver.store.migration`'s; this module parses the arguments and
 prints what it found. Output goes to stdout (progress and errors to stderr);
 the two ``sha256`` lines are meant for scripts.
 """
@@ -20,7 +20,10 @@ import argparse
 import sys
 import time
 
-from emberfs.metaserver import migrate as migration
+from emberfs.metaserver.store.migration.errors import MigrationError, Refused
+from emberfs.metaserver.store.migration.migrate import migrate_stores
+from emberfs.metaserver.store.migration.stores import StoreLocation
+from emberfs.metaserver.store.migration.tally import Tally, counts_text, prefix_name
 
 EXIT_STATUS = """\
 exit status:
@@ -66,8 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     try:
-        args.source = migration.StoreLocation.parse(args.source)
-        args.destination = migration.StoreLocation.parse(args.destination)
+        args.source = StoreLocation.parse(args.source)
+        args.destination = StoreLocation.parse(args.destination)
     except ValueError as exc:
         p.error(str(exc))
     return args
@@ -81,15 +84,15 @@ def _size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _print_survey(tally: migration.Tally) -> None:
+def _print_survey(tally: Tally) -> None:
     print(f"{'prefix':<8} {'keys':>10} {'bytes':>14}")
     for prefix in sorted(tally.prefixes):
         n, nbytes = tally.prefixes[prefix]
-        print(f"{migration.prefix_name(prefix):<8} {n:>10} {nbytes:>14}")
-    print(f"inodes: {migration.counts_text(tally.inodes)}")
+        print(f"{prefix_name(prefix):<8} {n:>10} {nbytes:>14}")
+    print(f"inodes: {counts_text(tally.inodes)}")
 
 
-def _sha_line(role: str, tally: migration.Tally) -> str:
+def _sha_line(role: str, tally: Tally) -> str:
     return f"{role} sha256 {tally.sha256} keys {tally.keys} bytes {tally.bytes}"
 
 
@@ -112,18 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"from {args.source}")
     print(f"to   {args.destination}")
     try:
-        result = migration.migrate_stores(
+        result = migrate_stores(
             args.source, args.destination, dry_run=args.dry_run, progress=_Progress()
         )
-    except migration.Refused as exc:
+    except Refused as exc:
         print(f"emberfs migrate: refused: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a failed copy, a store that cannot be reached
-        detail = (
-            str(exc)
-            if isinstance(exc, migration.MigrationError)
-            else f"{type(exc).__name__}: {exc}"
-        )
+        detail = str(exc) if isinstance(exc, MigrationError) else f"{type(exc).__name__}: {exc}"
         print(f"emberfs migrate: {detail}", file=sys.stderr)
         return 2
 
@@ -144,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     _print_survey(result.copied)
     if result.inode_counts is not None:
-        print(
-            f"inode counts rebuilt on the destination: {migration.counts_text(result.inode_counts)}"
-        )
+        print(f"inode counts rebuilt on the destination: {counts_text(result.inode_counts)}")
     print(_sha_line("source", result.source))
     print(_sha_line("destination", result.destination))
     if result.verified:

@@ -55,7 +55,7 @@ class LackingReplicas:
 
     Each (replica, chain version, chunk) is reported once, to the metaserver
     (``ClusterService.ReportLostChunk``), which checks the claim and has the
-    replica resynced (:mod:`emberfs.metaserver.repair`). Reports leave from a
+    replica resynced (:mod:`emberfs.metaserver.clustermgr.repair`). Reports leave from a
     thread of their own, so the read that found one does not wait.
 
     Parameters

@@ -3,7 +3,7 @@
 A cache is a directory holding slab files, preallocated (sparse) files whose
 blocks sit at fixed slots (:mod:`emberfs.common.kvgeometry`), and an index
 from key to ``(slot, generation, CRC32C)`` that the metaserver keeps in its
-store (:mod:`emberfs.metaserver.kvindex`), so every inference server that
+store (:mod:`emberfs.metaserver.kvcache.index`), so every inference server that
 opens the cache shares it. Block bytes never pass through the metaserver:
 
 * :meth:`KVCache.batch_get` asks the index once for every key (``KvLookup``,

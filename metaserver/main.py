@@ -2,9 +2,9 @@
 
 One RocksDB under ``DATA_DIR/meta`` holds the namespace and the cluster
 state, or, with ``--kv etcd://...``, an etcd cluster that any number of
-metaservers share (:mod:`emberfs.metaserver.etcd`). Every metaserver serves
+metaservers share (:mod:`emberfs.metaserver.store.etcd`). Every metaserver serves
 the namespace; the cluster manager's work runs on the one that leads
-(:mod:`emberfs.metaserver.leadership`), and the others answer storage nodes'
+(:mod:`emberfs.metaserver.clustermgr.leadership`), and the others answer storage nodes'
 cluster calls with :class:`~emberfs.common.errors.NotLeader` naming it,
 forward readers' lost-chunk reports to it, and pass admin API calls on to its
 admin API. One gRPC server on ``--listen`` serves ``MetaService`` and
@@ -15,7 +15,7 @@ nodes' heartbeats never wait behind metadata calls (nodes register on
 runs on ``--admin-listen`` (uvicorn in a thread). One background thread
 applies heartbeat timeouts; another runs the sweeps: garbage collection,
 write sessions whose lease ran out (``--session-timeout``), old retry
-records. Both judge by a :class:`~emberfs.metaserver.grace.Grace` that
+records. Both judge by a :class:`~emberfs.metaserver.clustermgr.grace.Grace` that
 notices the process's own stalls. Once the servers listen, the process
 prints ``READY metaserver <grpc address> admin <http address> cluster <grpc
 address>`` on stdout; SIGTERM or SIGINT stops it cleanly.
@@ -50,16 +50,11 @@ from emberfs.common.addresses import join_address, split_address
 from emberfs.common.auth import add_secret_arguments, keys_from_args, tls_from_args
 from emberfs.common.grpcauth import AuthInterceptor
 from emberfs.common.signals import StopSignals
-from emberfs.metaserver import cluster_service
-from emberfs.metaserver import cuts as cuts_module
 from emberfs.metaserver import service as meta_service
-from emberfs.metaserver.chunk_truncation import truncate_chunks
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.etcd import COMPACT_INTERVAL, Compactor, EtcdSettings, is_etcd_url
-from emberfs.metaserver.gcqueue import GCQueue
-from emberfs.metaserver.grace import Grace
-from emberfs.metaserver.kv import KVEngine, RocksEngine
-from emberfs.metaserver.leadership import (
+from emberfs.metaserver.clustermgr import service as cluster_service
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.grace import Grace
+from emberfs.metaserver.clustermgr.leadership import (
     DEFAULT_OUTAGE_GRACE,
     DEFAULT_TTL,
     EtcdLeadership,
@@ -67,9 +62,15 @@ from emberfs.metaserver.leadership import (
     Leadership,
     new_id,
 )
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.clustermgr.repair import ReadRepair, stat_inode_of
+from emberfs.metaserver.fs import cuts as cuts_module
+from emberfs.metaserver.fs.chunk_truncation import truncate_chunks
+from emberfs.metaserver.fs.namespace import Namespace
 from emberfs.metaserver.metrics import MetricsInterceptor
-from emberfs.metaserver.namespace import Namespace
-from emberfs.metaserver.repair import ReadRepair, stat_inode_of
+from emberfs.metaserver.store.etcd import COMPACT_INTERVAL, Compactor
+from emberfs.metaserver.store.etcdclient import EtcdSettings, is_etcd_url
+from emberfs.metaserver.store.kv import KVEngine, RocksEngine
 from emberfs.metaserver.tokens import TokenStore
 from emberfs.proto import common_pb2
 
@@ -250,7 +251,7 @@ def intervals(heartbeat_timeout: float, session_timeout: float) -> tuple[float, 
     """``(max_gap, check interval, session sweep interval)`` for these timeouts, in seconds.
 
     A gap of ``max_gap`` (half the shorter timeout) between two judging
-    rounds is a stall of the metaserver itself (see :mod:`emberfs.metaserver.grace`);
+    rounds is a stall of the metaserver itself (see :mod:`emberfs.metaserver.clustermgr.grace`);
     the heartbeat timeouts are checked at least twice as often, and sessions
     every quarter session timeout (at most every ``SESSION_SWEEP_INTERVAL``).
     """
@@ -262,7 +263,7 @@ def intervals(heartbeat_timeout: float, session_timeout: float) -> tuple[float, 
     )
 
 
-def _sweep_loop(
+def sweep_loop(
     gc: GCQueue,
     namespace: Namespace,
     stop: threading.Event,
@@ -322,7 +323,7 @@ def _check_loop(cluster: ClusterManager, stop: threading.Event, interval: float)
 def open_engine(args: argparse.Namespace) -> KVEngine:
     """The metadata store the arguments name."""
     if args.etcd is not None:
-        from emberfs.metaserver.etcd import EtcdEngine
+        from emberfs.metaserver.store.etcd import EtcdEngine
 
         return EtcdEngine(args.etcd)
     return RocksEngine(Path(args.data_dir) / "meta")
@@ -345,7 +346,7 @@ def _bind(server: grpc.Server, address: str, tls=None) -> int:
         return 0
 
 
-def _start_admin(app, address: str, tls=None):
+def start_admin(app, address: str, tls=None):
     import uvicorn
 
     host, port = split_address(address)
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens=tokens,
                 tls=args.tls,
             )
-            admin = _start_admin(app, args.admin_listen, args.tls)
+            admin = start_admin(app, args.admin_listen, args.tls)
         except OSError as exc:
             print(
                 f"emberfs metaserver: cannot listen on {args.admin_listen}: {exc}", file=sys.stderr
@@ -499,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         for target, loop_args, name in (
             (_check_loop, (cluster, stop, interval), "timeouts"),
             (
-                _sweep_loop,
+                sweep_loop,
                 (gc, namespace, stop, interval, session_interval, leadership.leading, extra),
                 "sweeps",
             ),

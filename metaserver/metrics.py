@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from emberfs.common.grpcauth import MethodWrapper
-from emberfs.metaserver import chainstate
+from emberfs.metaserver.clustermgr import chainstate
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 """The metaserver's own request metrics (one per process)."""
@@ -224,7 +224,7 @@ class ClusterCollector(Collector):
 
 
 def _kvcache_metrics(totals) -> Iterator[Metric]:
-    """The counters and use of every KV cache (:mod:`emberfs.metaserver.kvindex`), by path."""
+    """The counters and use of every KV cache (:mod:`emberfs.metaserver.kvcache.index`), by path."""
     labels = ["cache"]
     counters = {
         "hits": CounterMetricFamily(

@@ -23,17 +23,17 @@ import grpc
 
 from emberfs.common import errors
 from emberfs.common.auth import ClusterKeys
-from emberfs.metaserver import access
-from emberfs.metaserver.kvservice import KVCacheCalls
-from emberfs.metaserver.namespace import Namespace
-from emberfs.metaserver.opcontext import Credentials
+from emberfs.metaserver.fs import access
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.fs.opcontext import Credentials
+from emberfs.metaserver.kvcache.service import KVCacheCalls
 from emberfs.proto import common_pb2, meta_pb2, meta_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
 class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
-    """Serves MetaService from a :class:`~emberfs.metaserver.namespace.Namespace`.
+    """Serves MetaService from a :class:`~emberfs.metaserver.fs.namespace.Namespace`.
 
     Parameters
     ----------

@@ -1,10 +1,10 @@
 """Client tokens: identities an administrator creates and revokes.
 
 A token stands for one identity - uid, primary gid and supplementary
-groups - that the metaserver's permission checks (:mod:`emberfs.metaserver.access`)
+groups - that the metaserver's permission checks (:mod:`emberfs.metaserver.fs.access`)
 use for the requests that carry it. Its string is ``emb1.<id>.<secret>``:
 ``id`` is 12 hex digits, ``secret`` 43 URL-safe base64 characters (256 bits).
-The store keeps, under ``TOKN`` + id (see :mod:`emberfs.metaserver.keys`), the
+The store keeps, under ``TOKN`` + id (see :mod:`emberfs.metaserver.store.keys`), the
 token's name, identity, creation time and the SHA-256 of its secret, never
 the secret itself: the secret is shown once, when the token is created.
 Revoking a token deletes its record.
@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from emberfs.metaserver import keys
-from emberfs.metaserver.kv import KVEngine, Transaction, run_transaction
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.kv import KVEngine, Transaction, run_transaction
 
 TOKEN_PREFIX = "emb1"
 ID_HEX_DIGITS = 12

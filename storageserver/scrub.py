@@ -8,7 +8,7 @@ the CRC32C stored when the version committed, at most ``rate`` bytes a second
 file cannot be read, is marked damaged (:meth:`ChunkStore.mark_damaged`):
 reads of it there answer ``NOT_FOUND`` and go to another replica, and
 ``on_damaged`` tells the metaserver, which has the target resynced from a
-healthy replica of its chain (:mod:`emberfs.metaserver.repair`). A pass starts
+healthy replica of its chain (:mod:`emberfs.metaserver.clustermgr.repair`). A pass starts
 ``interval`` seconds after the previous one started (the first ``delay``
 seconds after the node starts), or at once when the operator starts one.
 

@@ -1,8 +1,8 @@
 """The admin REST API of the metaserver (FastAPI), its metrics and its dashboard.
 
 :func:`create_app` builds the application around the metaserver's
-:class:`~emberfs.metaserver.cluster.ClusterManager`,
-:class:`~emberfs.metaserver.gcqueue.GCQueue` and namespace. Routes:
+:class:`~emberfs.metaserver.clustermgr.manager.ClusterManager`,
+:class:`~emberfs.metaserver.clustermgr.gcqueue.GCQueue` and namespace. Routes:
 
 * ``/healthz``, ``/readyz``: probes;
 * ``/api/v1/cluster``, ``/nodes``, ``/targets[/{id}]``, ``/chains[/{id}]``,
@@ -59,9 +59,9 @@ from emberfs.metaserver.api.routers import scrub as _scrub
 from emberfs.metaserver.api.routers import sessions as _sessions
 from emberfs.metaserver.api.routers import targets as _targets
 from emberfs.metaserver.api.routers import tokens as _tokens
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.fsck import Fsck
-from emberfs.metaserver.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.consistency.fsck import Fsck
 from emberfs.metaserver.metrics import registry_for
 from emberfs.metaserver.tokens import TokenStore
 

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
 from emberfs.metaserver.tokens import TokenStore
 
 _bearer = HTTPBearer(

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from emberfs.common.version import __version__
-from emberfs.metaserver import chainstate
 from emberfs.metaserver.api import schemas
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr import chainstate
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
 from emberfs.proto import common_pb2
 
 

@@ -23,9 +23,9 @@ import uvicorn
 from emberfs.cli import admin
 from emberfs.cli.processes import emberfs_command
 from emberfs.metaserver.api import create_app
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.metaserver.tokens import TokenStore
 
 ADMIN_TOKEN = "cli-token-admin"

@@ -25,10 +25,14 @@ from emberfs.cli import migrate as migrate_cli
 from emberfs.cli.localcluster import LocalCluster
 from emberfs.cli.processes import emberfs_command
 from emberfs.client.fs import EmberFileSystem
-from emberfs.metaserver import inodecounts, keys, records
-from emberfs.metaserver import migrate as migration
-from emberfs.metaserver.etcd import EtcdEngine
-from emberfs.metaserver.kv import Conflict, MemoryEngine, RocksEngine
+from emberfs.metaserver.fs import inodecounts, records
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.etcd import EtcdEngine
+from emberfs.metaserver.store.kv import Conflict, MemoryEngine, RocksEngine
+from emberfs.metaserver.store.migration.errors import StoreInUse, TooLarge
+from emberfs.metaserver.store.migration.migrate import migrate, plan, run
+from emberfs.metaserver.store.migration.stores import leader_on
+from emberfs.metaserver.store.migration.tally import copied, survey
 from emberfs.proto import common_pb2, meta_pb2
 
 MiB = 1024 * 1024
@@ -78,7 +82,7 @@ def wait_until_no_leader(url: str, timeout: float = 15.0) -> None:
     engine = EtcdEngine(url)
     try:
         deadline = time.monotonic() + timeout
-        while migration.leader_on(engine) is not None:
+        while leader_on(engine) is not None:
             assert time.monotonic() < deadline, "the leader key stayed after the cluster stopped"
             time.sleep(0.2)
     finally:
@@ -226,7 +230,7 @@ def test_a_cluster_moves_from_rocksdb_to_etcd_and_back(private_cluster, etcd_url
     try:
         returned = stored(rocks)
         assert returned == without_counts(stored(etcd))
-        assert migration.survey(rocks).sha256 == sums["destination"][0]
+        assert survey(rocks).sha256 == sums["destination"][0]
         assert not any(k.startswith(keys.config_key(keys.INODE_COUNTS)) for k, _ in returned)
     finally:
         etcd.close()
@@ -292,9 +296,9 @@ def test_batches_stay_within_etcd_limits_and_counts_are_rebuilt(etcd_url, tmp_pa
 
     monkeypatch.setattr(EtcdEngine, "write", recording)
     try:
-        result = migration.migrate(source, destination)
+        result = migrate(source, destination)
         assert result.verified, result.problems
-        expected = [(k, v) for k, v in stored(source) if migration.copied(k)]
+        expected = [(k, v) for k, v in stored(source) if copied(k)]
         assert without_counts(stored(destination)) == expected
         assert result.destination.keys == len(expected) == result.source.keys
         assert inodecounts.totals(destination) == {
@@ -331,8 +335,8 @@ def test_a_value_too_large_for_etcd_is_refused_before_anything_is_written(etcd_u
     source.write({keys.gc_key(1): b"x" * (2 * MiB)})
     destination = EtcdEngine(etcd_url)
     try:
-        with pytest.raises(migration.TooLarge, match="max-request-bytes"):
-            migration.migrate(source, destination)
+        with pytest.raises(TooLarge, match="max-request-bytes"):
+            migrate(source, destination)
         assert stored(destination) == []
     finally:
         destination.close()
@@ -342,8 +346,8 @@ def test_a_leader_key_on_the_source_is_a_running_metaserver(etcd_url, tmp_path):
     source = MemoryEngine()
     small_store(source)
     source.write({keys.LEADER: b'{"id": "abc", "address": "10.0.0.1:9400"}'})
-    with pytest.raises(migration.StoreInUse, match="metaserver abc at 10.0.0.1:9400"):
-        migration.migrate(source, MemoryEngine())
+    with pytest.raises(StoreInUse, match="metaserver abc at 10.0.0.1:9400"):
+        migrate(source, MemoryEngine())
 
 
 def test_a_destination_that_is_not_empty_or_the_source_itself_is_refused(tmp_path, capsys):
@@ -365,7 +369,7 @@ def test_a_dry_run_writes_nothing_and_creates_no_store(tmp_path, capsys):
     src = tmp_path / "src"
     engine = RocksEngine(src / "meta")
     small_store(engine)
-    expected = migration.survey(engine)
+    expected = survey(engine)
     engine.close()
     code = migrate_cli.main(["--from", f"rocksdb:{src}", "--to", f"rocksdb:{tmp_path / 'd'}",
                              "--dry-run"])  # fmt: skip
@@ -402,10 +406,10 @@ def test_a_copy_that_does_not_verify_exits_1(tmp_path, capsys, monkeypatch):
 def test_a_source_that_changes_during_the_copy_does_not_verify():
     source = MemoryEngine()
     small_store(source)
-    planned = migration.plan(source, MemoryEngine())
+    planned = plan(source, MemoryEngine())
     destination = MemoryEngine()
     source.write({keys.token_key("fedcba987654"): b"{}"})  # a token made after the survey
-    result = migration.run(source, destination, planned)
+    result = run(source, destination, planned)
     assert not result.verified
     assert any("the source changed" in p for p in result.problems)
 
@@ -434,7 +438,7 @@ def test_a_pass_whose_scan_conflicts_goes_on_after_the_last_key():
     source = FlakyScans()
     small_store(source)
     destination = MemoryEngine()
-    result = migration.migrate(source, destination)
+    result = migrate(source, destination)
     assert source.failures == 3  # the survey, the copy and the verification each resumed
     assert result.verified, result.problems
     plain = MemoryEngine()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.store.kv import MemoryEngine
 
 _prefixes = itertools.count(1)
 
@@ -25,7 +25,7 @@ def store(request):
         if request.param == "memory":
             engine = MemoryEngine()
         else:
-            from emberfs.metaserver.etcd import EtcdEngine
+            from emberfs.metaserver.store.etcd import EtcdEngine
 
             etcd = request.getfixturevalue("etcd")
             engine = EtcdEngine(etcd.url(f"ns-{os.getpid()}-{next(_prefixes)}"))

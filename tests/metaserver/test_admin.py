@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from emberfs.metaserver.api import create_app
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import cluster_pb2
 
 

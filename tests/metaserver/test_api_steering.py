@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from starlette.routing import Mount
 
 from emberfs.common import errors
-from emberfs.metaserver import chainstate
 from emberfs.metaserver.api import create_app
-from emberfs.metaserver.chainstate import (
+from emberfs.metaserver.clustermgr import chainstate
+from emberfs.metaserver.clustermgr.chainstate import (
     LASTSRV,
     OFFLINE,
     SERVING,
@@ -20,10 +20,10 @@ from emberfs.metaserver.chainstate import (
     WAITING,
     Chain,
 )
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
-from emberfs.metaserver.kv import MemoryEngine
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.fs.namespace import Namespace
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import cluster_pb2
 
 try:  # FastAPI keeps included routers as such in app.routes; this walks their routes too

@@ -30,10 +30,10 @@ class Metaserver:
     def open_store(self):
         """The metaserver's store, opened directly (while it does not run)."""
         if self.kv is None:
-            from emberfs.metaserver.kv import RocksEngine
+            from emberfs.metaserver.store.kv import RocksEngine
 
             return RocksEngine(self.data_dir / "meta")
-        from emberfs.metaserver.etcd import EtcdEngine
+        from emberfs.metaserver.store.etcd import EtcdEngine
 
         return EtcdEngine(self.kv)
 
@@ -358,7 +358,8 @@ def test_kill_9_in_a_stream_of_creates_renames_removes_loses_nothing(any_metaser
     """
     import random
 
-    from emberfs.metaserver import keys, records
+    from emberfs.metaserver.fs import records
+    from emberfs.metaserver.store import keys
 
     metaserver = any_metaserver
     metaserver.start()
@@ -534,7 +535,7 @@ def test_background_loop_sweeps_retry_records_and_survives_errors(monkeypatch):
                 return 0
 
     loop = threading.Thread(
-        target=meta_main._sweep_loop, args=(GCQueue(), Namespace(), stop, 0.01, 1.0)
+        target=meta_main.sweep_loop, args=(GCQueue(), Namespace(), stop, 0.01, 1.0)
     )
     loop.start()
     loop.join(timeout=10)
@@ -560,13 +561,13 @@ def test_the_admin_api_listens_on_a_socket_that_says_tcp():
     """asyncio turns Nagle off only on connections of a socket whose protocol is IPPROTO_TCP;
     with protocol 0 every admin API answer waited ~40 ms for the client's delayed ACK."""
     from emberfs.metaserver.api import create_app
-    from emberfs.metaserver.cluster import ClusterManager
-    from emberfs.metaserver.gcqueue import GCQueue
-    from emberfs.metaserver.kv import MemoryEngine
-    from emberfs.metaserver.main import _start_admin
+    from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+    from emberfs.metaserver.clustermgr.manager import ClusterManager
+    from emberfs.metaserver.main import start_admin
+    from emberfs.metaserver.store.kv import MemoryEngine
 
     cluster = ClusterManager(MemoryEngine())
-    server, thread, sock = _start_admin(create_app(cluster, GCQueue(cluster)), "127.0.0.1:0")
+    server, thread, sock = start_admin(create_app(cluster, GCQueue(cluster)), "127.0.0.1:0")
     try:
         assert sock.proto == socket.IPPROTO_TCP
     finally:

@@ -9,9 +9,9 @@ import grpc
 import pytest
 
 from emberfs.common import errors
-from emberfs.metaserver.kv import MemoryEngine
-from emberfs.metaserver.namespace import Namespace
+from emberfs.metaserver.fs.namespace import Namespace
 from emberfs.metaserver.service import MetaServicer, add_to_server
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import common_pb2, meta_pb2, meta_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,11 +10,11 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from emberfs.metaserver import keys
 from emberfs.metaserver.api import create_app
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store import keys
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.metaserver.tokens import (
     CACHE_ENTRIES,
     AmbiguousName,

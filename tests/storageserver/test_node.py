@@ -14,10 +14,10 @@ import pytest
 from emberfs.cli.ports import free_port
 from emberfs.common import framing
 from emberfs.common.framing import Op, Status
-from emberfs.metaserver import cluster_service
-from emberfs.metaserver.cluster import ClusterManager
-from emberfs.metaserver.gcqueue import GCQueue
-from emberfs.metaserver.kv import MemoryEngine
+from emberfs.metaserver.clustermgr import service as cluster_service
+from emberfs.metaserver.clustermgr.gcqueue import GCQueue
+from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import common_pb2, data_pb2, storage_pb2, storage_pb2_grpc
 from emberfs.storageserver.node import Node
 

@@ -210,7 +210,8 @@ def test_rotten_replicas_are_found_and_resynced_while_reads_stay_exact(private_c
             assert time.monotonic() < deadline, shown
             time.sleep(0.3)
         assert all(t["last_full_pass"] > 0 for t in shown.values())
-        from tests.metaserver.test_fsck import fsck  # (that module uses this one's helpers)
+        # (that module uses this one's helpers)
+        from tests.metaserver.consistency.test_fsck import fsck
 
         rc, report = fsck(cluster, "--deep")
         assert rc == 0 and report["summary"]["clean"], report

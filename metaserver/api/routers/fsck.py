@@ -3,7 +3,7 @@
 Both routes stream their result as JSON lines (``application/x-ndjson``): one
 ``{"finding": ...}`` per damage found, then ``{"summary": ...}``, or
 ``{"error": ...}`` when the check could not finish (see
-:mod:`emberfs.metaserver.fsck`). One check runs at a time (409 otherwise).
+:mod:`emberfs.metaserver.consistency.fsck`). One check runs at a time (409 otherwise).
 """
 
 from __future__ import annotations

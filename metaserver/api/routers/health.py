@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from emberfs.metaserver import keys
 from emberfs.metaserver.api import views
 from emberfs.metaserver.api.deps import ClusterDep
 from emberfs.metaserver.api.schemas import Health, ReadyPublic
+from emberfs.metaserver.store import keys
 
 router = APIRouter(tags=["health"])
 

@@ -12,7 +12,7 @@ from emberfs.metaserver.api.schemas import (
     DrainPublic,
     TargetPublic,
 )
-from emberfs.metaserver.chainstate import state_name
+from emberfs.metaserver.clustermgr.chainstate import state_name
 
 router = APIRouter(prefix="/api/v1/targets", tags=["targets"], responses=ERROR_RESPONSES)
 

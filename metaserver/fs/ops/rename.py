@@ -1,0 +1,61 @@
+"""Rename: move an entry atomically, replacing the destination like rename(2)."""
+
+from __future__ import annotations
+
+from emberfs.common.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    IsADirectory,
+    NotADirectory,
+    NotEmpty,
+)
+from emberfs.metaserver.fs import access, lookup
+from emberfs.metaserver.fs.opcontext import OpContext
+from emberfs.metaserver.fs.ops import remove
+from emberfs.proto import common_pb2, meta_pb2
+
+
+def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameResponse:
+    """Move the entry ``src`` to ``dst`` in one transaction.
+
+    Neither final symlink is followed. Both parents need write and search
+    permission (and the sticky-bit rule). Renaming onto itself (or onto
+    another link of the same inode) changes nothing. An existing ``dst`` is
+    replaced when the types agree: a file (or symlink) replaces a file, a
+    directory replaces an empty directory (NotEmpty otherwise); a directory
+    over a file gives NotADirectory, a file over a directory IsADirectory,
+    and ``no_replace`` gives AlreadyExists. A directory cannot move into its
+    own subtree (InvalidArgument); the root cannot move at all (Busy).
+    """
+    src = lookup.resolve_parent(op, req.src)
+    attr = src.require(req.src)
+    dst = lookup.resolve_parent(op, req.dst)
+    src_parent, dst_parent = src.parent, dst.parent
+    access.check(src_parent, op.creds, access.WRITE | access.SEARCH, req.src)
+    access.check_sticky(src_parent, attr, op.creds)
+    access.check(dst_parent, op.creds, access.WRITE | access.SEARCH, req.dst)
+    if src_parent.inode == dst_parent.inode and src.name == dst.name:
+        return meta_pb2.RenameResponse(attr=attr)
+    is_dir = attr.type == common_pb2.DIRECTORY
+    if is_dir and any(a.inode == attr.inode for a in dst.parents):
+        raise InvalidArgument(f"cannot move {req.src} into its own subtree {req.dst}")
+    target = dst.attr
+    if target is not None:
+        if target.inode == attr.inode:
+            return meta_pb2.RenameResponse(attr=attr)
+        if req.no_replace:
+            raise AlreadyExists(f"file exists: {req.dst}")
+        access.check_sticky(dst_parent, target, op.creds)
+        target_is_dir = target.type == common_pb2.DIRECTORY
+        if is_dir and not target_is_dir:
+            raise NotADirectory(f"not a directory: {req.dst}")
+        if not is_dir and target_is_dir:
+            raise IsADirectory(f"is a directory: {req.dst}")
+        if target_is_dir and not op.is_empty_dir(target.inode):
+            raise NotEmpty(f"directory not empty: {req.dst}")
+        remove.drop_link(op, target)
+    op.delete_dentry(src_parent.inode, src.name)
+    op.put_dentry(dst_parent.inode, dst.name, attr)
+    attr.ctime_ns = op.now
+    op.put_inode(attr)
+    return meta_pb2.RenameResponse(attr=attr)
