@@ -4,7 +4,9 @@
 * no object reaches into another's private names (``other._name``, where
   ``other`` is not ``self`` or ``cls``), and nothing imports a private name
   of an EmberFS module;
-* every document under ``docs/`` stays under :data:`MAX_DOC_BYTES`.
+* every document under ``docs/`` stays under :data:`MAX_DOC_BYTES`;
+* the module map of ``docs/architecture.md`` names every module of the
+  packages, and nothing else.
 
 Private names that other libraries define as their extension points are
 allowed (fsspec's cache ``_fetch`` hook, ``os._exit``), and so are those of
@@ -14,6 +16,7 @@ allowed (fsspec's cache ``_fetch`` hook, ``os._exit``), and so are those of
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,3 +110,46 @@ def test_every_doc_stays_under_the_limit():
         if p.stat().st_size > MAX_DOC_BYTES
     }
     assert not big, f"docs over {MAX_DOC_BYTES} bytes (split them by topic): {big}"
+
+
+def mapped_modules(text: str) -> set[str]:
+    """The module paths the module map of ``docs/architecture.md`` names.
+
+    A ``### `folder/` `` heading sets the folder; in each table cell a name with
+    a ``/`` is relative to that folder, one without sits beside the name before it.
+    """
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    out: set[str] = set()
+    folder = ""
+    for line in section.splitlines():
+        heading = re.match(r"### `([^`]+/)`", line)
+        if heading:
+            folder = heading.group(1)
+            continue
+        if not line.startswith("| `"):
+            continue
+        cell = line.split("|")[1]
+        here = folder
+        for name in re.findall(r"`([^`]+\.py)`", cell):
+            if "/" in name:
+                here = folder + name.rsplit("/", 1)[0] + "/"
+                name = name.rsplit("/", 1)[1]
+            out.add(here + name)
+    return out
+
+
+def test_the_module_map_matches_the_tree():
+    mapped = mapped_modules((ROOT / "docs" / "architecture.md").read_text())
+    tree = {
+        p.relative_to(ROOT).as_posix() for p in _python_files(PACKAGES) if p.name != "__init__.py"
+    }
+    assert not tree - mapped, f"modules missing from the map: {sorted(tree - mapped)}"
+    assert not mapped - tree, f"the map names modules that do not exist: {sorted(mapped - tree)}"
+
+
+def test_the_map_reader_follows_folders_and_neighbours():
+    text = (
+        "## Module map\n\n### `pkg/`: a package\n\n| module | holds |\n| --- | --- |\n"
+        "| `a.py`; `b.py` | two |\n| `sub/c.py`; `d.py` | beside c |\n\n## Next\n| `x.py` | no |\n"
+    )
+    assert mapped_modules(text) == {"pkg/a.py", "pkg/b.py", "pkg/sub/c.py", "pkg/sub/d.py"}
