@@ -12,7 +12,7 @@ found wrong is a ``violation`` line beside it.
 
 EmberFile writes whole files and appends; a range overwrite uses the same
 three calls its writes make: an ``Open`` for writing (no truncation), one
-chunk write per chunk through ``ChunkIO.submit_write``, and the ``Close``
+chunk write per chunk through ``FileIO.submit_write``, and the ``Close``
 that records the length.
 
 The coordinator steers the client through a pipe: ``pause`` (finish the
