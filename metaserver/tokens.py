@@ -307,6 +307,11 @@ class TokenStore:
             self._cache.clear()
             self._generation += 1
 
+    def cached(self) -> int:
+        """How many answers of :meth:`resolve` the cache holds (at most ``CACHE_ENTRIES``)."""
+        with self._lock:
+            return len(self._cache)
+
     def _lookup(self, token_id: str, secret: str) -> Identity | None:
         raw = self._engine.get(keys.token_key(token_id))
         if raw is None:

@@ -177,6 +177,14 @@ class GCQueue:
         if gc_ids and self._floor is not None:
             self._floor.lower(min(gc_ids))
 
+    def scan_floor(self) -> int | None:
+        """The id scans of the queue start at (the :class:`GCFloor`), or None without a floor.
+
+        A store other metaservers also queue into has no floor: scans start at
+        the front of the queue. Past ``MAX_GC_ID`` when nothing is queued.
+        """
+        return None if self._floor is None else self._floor.start()[0]
+
     def _scan(self, limit: int | None = None) -> Iterator[cluster_pb2.GCItem]:
         """The queued items in id order, from the :class:`GCFloor` on (which it raises)."""
         if self._floor is None:

@@ -237,11 +237,21 @@ class EtcdLeadership(Leadership):
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop campaigning; a leader gives the key up so another takes over at once."""
+    def halt(self) -> None:
+        """Stop campaigning and keeping the lease alive, giving nothing up.
+
+        What a killed metaserver leaves behind: its leader key (if it led)
+        stays until its lease expires, about ``ttl`` later, and another
+        metaserver can win the key only then. :meth:`stop` is the clean
+        shutdown, which halts and then gives the key and the lease up.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def stop(self) -> None:
+        """Stop campaigning; a leader gives the key up so another takes over at once."""
+        self.halt()
         reachable = self.leading()  # else etcd did not answer lately: the lease lapses by itself
         was = self._leading
         self._step_down("shutting down")

@@ -33,9 +33,10 @@ routing, chains for new files, capacity).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from emberfs.common import errors
 from emberfs.metaserver.clustermgr import chainstate
@@ -340,6 +341,17 @@ class ClusterManager(StoredState, NodeCalls, Steering):
                 self._last_seen[node_id] = max(last, now)
             elif new:
                 self._last_seen[node_id] = now
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the cluster lock for the block: no change of the cluster runs meanwhile.
+
+        Every call that changes the state (registration, heartbeats, timeout
+        checks, steering) takes this lock; heartbeats are noted as heard
+        before they wait for it. The lock is reentrant.
+        """
+        with self._lock:
+            yield
 
     # ---------------------------------------------------------------- events
 

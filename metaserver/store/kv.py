@@ -494,7 +494,11 @@ class MemoryEngine(LocalEngine):
 
 
 class RocksEngine(LocalEngine):
-    """RocksDB through rocksdict; every commit syncs the WAL before returning."""
+    """RocksDB through rocksdict; every commit syncs the WAL before returning.
+
+    Attribute ``db`` is the rocksdict ``Rdict`` the engine reads and writes
+    through (None once closed).
+    """
 
     name = "rocksdb"
 
@@ -506,7 +510,7 @@ class RocksEngine(LocalEngine):
         Path(path).mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
-        self._db = Rdict(str(path), opts)
+        self.db = Rdict(str(path), opts)
         # The batch goes to the WAL file unsynced, then flush_wal(sync=True)
         # syncs it: rocksdict holds the GIL inside write() but not inside
         # flush_wal(), so the whole process is not stalled for every sync and
@@ -516,7 +520,7 @@ class RocksEngine(LocalEngine):
         self._write_opts.sync = False
 
     def get(self, key: bytes) -> bytes | None:
-        return self._db.get(key)
+        return self.db.get(key)
 
     def scan(self, start, end, limit=None):
         # Bounded at ``end``: otherwise the iterator's last step walks over every
@@ -525,7 +529,7 @@ class RocksEngine(LocalEngine):
         opts = self._read_options()
         if end is not None:
             opts.set_iterate_upper_bound(end)
-        it = self._db.iter(opts)
+        it = self.db.iter(opts)
         it.seek(start)
         n = 0
         while it.valid():
@@ -546,13 +550,13 @@ class RocksEngine(LocalEngine):
             batch.delete(key)
         for key, value in puts.items():
             batch.put(key, value)
-        self._db.write(batch, self._write_opts)
+        self.db.write(batch, self._write_opts)
 
     def sync(self) -> None:
         if self._sync:
-            self._db.flush_wal(True)
+            self.db.flush_wal(True)
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        if self.db is not None:
+            self.db.close()
+            self.db = None

@@ -386,7 +386,7 @@ def test_the_cache_is_bounded(engine, clock):
     assert store.resolve(token) is not None
     for i in range(CACHE_ENTRIES + 10):
         assert store.resolve(f"emb1.{i:012x}.{'A' * 43}") is None
-    assert len(store._cache) <= CACHE_ENTRIES
+    assert store.cached() <= CACHE_ENTRIES
     before = engine.gets
     assert store.resolve(token) is not None  # the oldest entry went first
     assert engine.gets == before + 1

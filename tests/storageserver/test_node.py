@@ -17,6 +17,7 @@ from emberfs.common.framing import Op, Status
 from emberfs.metaserver.clustermgr import service as cluster_service
 from emberfs.metaserver.clustermgr.gcqueue import GCQueue
 from emberfs.metaserver.clustermgr.manager import ClusterManager
+from emberfs.metaserver.store import keys
 from emberfs.metaserver.store.kv import MemoryEngine
 from emberfs.proto import common_pb2, data_pb2, storage_pb2, storage_pb2_grpc
 from emberfs.storageserver.node import Node
@@ -177,9 +178,10 @@ def test_heartbeats_follow_routing_and_reregister(meta, nodes, tmp_path):
     node = make_node(meta.address, tmp_path / "n", nodes)
     assert node.start()
     (tid,) = node.stores
-    # the metaserver forgets the node: the next heartbeat registers it again
-    with meta.manager._lock:
-        del meta.manager._nodes[node.node_id]
+    # the metaserver forgets the node (its key leaves the store, and the manager reloads
+    # the store as one taking the lead does): the next heartbeat registers it again
+    meta.manager.engine.write({}, {keys.node_key(node.node_id)})
+    meta.manager.take_over()
     deadline = time.monotonic() + 10
 
     def registered() -> bool:

@@ -90,7 +90,8 @@ def test_gc_scans_start_at_the_floor_and_queued_items_lower_it(gc, engine):
     """
 
     def floor() -> int:
-        return gc._floor.start()[0] if gc._floor is not None else 0
+        start = gc.scan_floor()
+        return start if start is not None else 0
 
     def queue(gc_id: int, report: bool = True) -> None:
         item = cluster_pb2.GCItem(gc_id=gc_id, inode=gc_id, chains=[1])
@@ -105,7 +106,7 @@ def test_gc_scans_start_at_the_floor_and_queued_items_lower_it(gc, engine):
         for tid in (1, 3, 5):  # chain 1
             gc.ack(cluster_pb2.AckGCRequest(target_id=tid, gc_ids=[gc_id]))
 
-    assert (gc._floor is None) == engine.shared
+    assert (gc.scan_floor() is None) == engine.shared
     queue(50)
     queue(60)
     assert fetched() == [50, 60]

@@ -156,7 +156,7 @@ def test_a_heartbeat_waiting_for_the_cluster_lock_has_already_counted(clock):
         register(cm, node, 7000 + 10 * i)
     clock.now += TIMEOUT - ROUND
     done = threading.Event()
-    with cm._lock:  # a slow change holds the cluster lock
+    with cm.locked():  # a slow change holds the cluster lock
         beat = threading.Thread(target=lambda: (heartbeat(cm, "a"), done.set()))
         beat.start()
         deadline = time.monotonic() + 30

@@ -80,8 +80,7 @@ def test_a_leader_that_stops_gives_way_at_once_and_one_that_dies_within_its_ttl(
     a.stop()  # a clean shutdown gives the key up
     wait_for(b.leading, timeout=3 * b.poll + 2, what="b leads after a stopped")
     # b dies: its lease is no longer kept alive, nor its key given up
-    b._stop.set()
-    b._thread.join()
+    b.halt()
     died = time.monotonic()
     c = candidates("c")
     c.start()

@@ -92,10 +92,22 @@ def test_conflicting_transaction_is_refused(engine):
 def test_a_read_only_commit_does_not_wait_for_writers(local_engine):
     """Nothing applied since it began: a transaction that only read is done at once."""
     local_engine.write({b"a": b"1"})
-    txn = local_engine.transaction()
-    assert txn.get(b"a") == b"1" and txn.get(b"b") is None
-    done = threading.Event()
-    with local_engine._commit_lock:  # a writer's batch (and its WAL sync) under way
+    syncing, release = threading.Event(), threading.Event()
+    sync = local_engine.sync
+
+    def slow_sync():
+        syncing.set()
+        assert release.wait(10)
+        sync()
+
+    local_engine.sync = slow_sync
+    writer = threading.Thread(target=local_engine.write, args=({b"c": b"1"},), daemon=True)
+    writer.start()
+    try:
+        assert syncing.wait(5)  # a writer's batch applied, its WAL sync under way
+        txn = local_engine.transaction()
+        assert txn.get(b"a") == b"1" and txn.get(b"b") is None
+        done = threading.Event()
 
         def commit():
             txn.commit()
@@ -103,6 +115,9 @@ def test_a_read_only_commit_does_not_wait_for_writers(local_engine):
 
         threading.Thread(target=commit, daemon=True).start()
         assert done.wait(5)
+    finally:
+        release.set()
+        writer.join(5)
 
 
 def test_a_read_only_transaction_that_a_batch_overtook_is_validated(local_engine):
@@ -157,17 +172,19 @@ def test_a_transaction_begun_while_a_batch_is_applied_is_validated():
     class Slow(kv.MemoryEngine):
         def __init__(self):
             super().__init__()
+            self.slow = False  # batches are applied at once until set
             self.applying = threading.Event()
             self.release = threading.Event()
 
         def _apply(self, puts, deletes):
-            self.applying.set()
-            assert self.release.wait(5)
+            if self.slow:
+                self.applying.set()
+                assert self.release.wait(5)
             super()._apply(puts, deletes)
 
     engine = Slow()
-    engine._data[b"k"] = b"old"
-    engine._keys.append(b"k")
+    engine.write({b"k": b"old"})
+    engine.slow = True
     writer = threading.Thread(target=engine.write, args=({b"k": b"new"},))
     writer.start()
     assert engine.applying.wait(5)
@@ -338,7 +355,7 @@ def test_deferred_commits_share_one_sync(tmp_path):
         def __getattr__(self, name):
             return getattr(self.db, name)
 
-    db = e._db = CountingSyncs(e._db)
+    db = e.db = CountingSyncs(e.db)
     try:
         for i in range(5):
             kv.run_transaction(e, lambda t, i=i: t.put(b"k%d" % i, b"v"), sync=False)
@@ -353,5 +370,5 @@ def test_deferred_commits_share_one_sync(tmp_path):
         e.write({b"w": b"v2"})
         assert db.syncs == 3
     finally:
-        e._db = db.db
+        e.db = db.db
         e.close()

@@ -54,7 +54,18 @@ def test_concurrent_commits_share_batches_and_lose_no_update():
 
 
 def test_a_group_rejects_a_commit_whose_read_an_earlier_one_changed():
-    engine = MemoryEngine()
+    class HeldLeader(MemoryEngine):
+        """A group's leader waits at the gate before it validates and writes the group."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = threading.Event()
+
+        def _commit_group(self, group):
+            self.gate.wait(5)  # hold the leader until both commits are queued
+            super()._commit_group(group)
+
+    engine = HeldLeader()
     engine.write({b"k": b"0"})
     # both read k == 0; committed as one group, the second must fail
     first = engine.transaction()
@@ -64,14 +75,6 @@ def test_a_group_rejects_a_commit_whose_read_an_earlier_one_changed():
         txn.put(b"k", value)
     barrier = threading.Barrier(2)
     outcome: dict[str, object] = {}
-    gate = threading.Event()
-    original = engine._commit_group
-
-    def slow_group(group):
-        gate.wait(5)  # hold the leader until both commits are queued
-        original(group)
-
-    engine._commit_group = slow_group
 
     def commit(name, txn):
         barrier.wait()
@@ -87,7 +90,7 @@ def test_a_group_rejects_a_commit_whose_read_an_earlier_one_changed():
     for th in threads:
         th.start()
     time.sleep(0.2)
-    gate.set()
+    engine.gate.set()
     for th in threads:
         th.join(5)
     assert sorted(outcome.values()) == ["conflict", "ok"]
