@@ -113,9 +113,11 @@ def test_mount_bench_tiny(tmp_path):
             assert read["emberfs_mount"][reader][state]["cpu_s"]["daemon"] >= 0
             assert read["emberfs_mount"][reader][state]["cpu_s"]["servers"] >= 0
     # the cold mount read went to the servers and their disk (most of it: a few hundred KiB
-    # of the chunk files' pages can outlive the cache drop); the warm one came from memory
+    # of the chunk files' pages can outlive the cache drop); the warm one came from memory.
+    # The servers' CPU time is counted in clock ticks (10 ms): sending a few MiB with
+    # sendfile may take less than one on each of them, so it is only required to be counted.
     cold = read["emberfs_mount"]["readinto"]["cold"]
-    assert cold["disk_read_bytes"] >= size // 2 and cold["cpu_s"]["servers"] > 0
+    assert cold["disk_read_bytes"] >= size // 2 and cold["cpu_s"]["servers"] >= 0
 
     juicefs = doc["juicefs"]
     assert juicefs["used"] is True, juicefs["reason"]
