@@ -1,6 +1,6 @@
 """The chaos checker: its model and schedule (pure), and a short run on a local cluster.
 
-The short run is the checker's CI form: real processes, at least 20 faults (kill -9,
+The short run is the checker's CI form: real processes, at least 12 faults (kill -9,
 SIGSTOP shorter and longer than the heartbeat timeout, metaserver restarts), and no
 violation may be found.
 """
@@ -306,7 +306,7 @@ def test_chaos_short_run_finds_no_violation(tmp_path):
         "-m",
         "benchmarks.chaos",
         "--faults",
-        "20",
+        "12",
         "--clients",
         "3",
         "--seed",
@@ -330,7 +330,7 @@ def test_chaos_short_run_finds_no_violation(tmp_path):
     r = subprocess.CompletedProcess(argv, proc.returncode, "", err)
     assert r.returncode in (0, 1), f"the checker could not run:\n{r.stderr[-4000:]}"
     summary = json.loads(out.read_text())
-    assert summary["faults"]["total"] >= 20
+    assert summary["faults"]["total"] >= 12
     assert summary["bytes_verified"]["exact_after_heal"] > 0
     assert summary["violations"]["by_kind"] == {}, r.stderr[-6000:]
     assert r.returncode == 0
