@@ -37,11 +37,16 @@ METADATA = ".metadata"
 
 def staging_path(path: str | os.PathLike) -> str:
     """The staging directory of a checkpoint path: ``.NAME.staging`` beside it."""
-    text = os.fspath(path).rstrip("/")
-    head, sep, name = text.rpartition("/")
+    text = os.fspath(path)
+    scheme, netloc, rest = "", "", text
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        netloc, _, rest = rest.partition("/")
+        scheme, rest = f"{scheme}://{netloc}", "/" + rest
+    head, sep, name = rest.rstrip("/").rpartition("/")
     if not name or name in (".", ".."):
         raise ValueError(f"a checkpoint needs a directory name of its own: {path!r}")
-    return f"{head}{sep}.{name}.staging"
+    return f"{scheme}{head}{sep}.{name}.staging"
 
 
 class CheckpointWriter(FsspecWriter):

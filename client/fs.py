@@ -278,7 +278,9 @@ class EmberFileSystem(AbstractFileSystem):
         The way to replace a non-empty directory, such as a checkpoint, whole:
         write the new one beside it, exchange the two, remove the old one.
         """
-        self.client.meta.rename(self._strip_protocol(path1), self._strip_protocol(path2), exchange=True)
+        self.client.meta.rename(
+            self._strip_protocol(path1), self._strip_protocol(path2), exchange=True
+        )
 
     # opening ---------------------------------------------------------------------
     def _open_handle(self, path: str, flags: int) -> OpenHandle:

@@ -155,9 +155,10 @@ def test_exchange_swaps_a_file_and_a_directory_across_parents(ns):
     f, c = ino(ns, "/f"), ino(ns, "/a/b/c")
     mv(ns, "/f", "/a/b/c", exchange=True)
     assert ino(ns, "/a/b/c") == f and ino(ns, "/f") == c
-    assert ns.stat(meta_pb2.StatRequest(path="/f")).attr.type == ns.stat(
-        meta_pb2.StatRequest(path="/a")
-    ).attr.type  # a directory now
+    assert (
+        ns.stat(meta_pb2.StatRequest(path="/f")).attr.type
+        == ns.stat(meta_pb2.StatRequest(path="/a")).attr.type
+    )  # a directory now
 
 
 def test_exchange_needs_both_names_and_no_ancestor(ns):

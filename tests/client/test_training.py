@@ -1,0 +1,223 @@
+"""Training jobs on EmberFS with real PyTorch: DCP checkpoints, torch.save, a forked DataLoader.
+
+Checkpoints are saved by real processes (``torchjob.py``): one process, or gloo ranks holding
+DTensor shards. A save killed with ``kill -9`` leaves the checkpoint's path holding the
+previous checkpoint or the new one, whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from emberfs.cli.admin import AdminClient  # noqa: E402
+from emberfs.client.checkpoint import CheckpointWriter, staging_path  # noqa: E402
+from emberfs.client.fs import EmberFileSystem  # noqa: E402
+
+from .torchjob import state  # noqa: E402
+
+JOB = os.path.join(os.path.dirname(__file__), "torchjob.py")
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job(*args, ranks: int = 1, **popen) -> subprocess.Popen:
+    cmd = [sys.executable, JOB, *map(str, args), "--ranks", str(ranks), "--port", str(free_port())]
+    return subprocess.Popen(cmd, start_new_session=True, text=True, **popen)
+
+
+def finished(proc: subprocess.Popen, timeout: float = 180) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+def url(cluster, path: str) -> str:
+    return f"emberfs://{cluster.meta_address}{path}"
+
+
+def loaded(cluster, path: str, like: dict) -> dict:
+    target = {k: torch.zeros_like(v) for k, v in like.items()}
+    dcp.load(target, storage_reader=FsspecReader(url(cluster, path)))
+    return target
+
+
+def test_dcp_one_process_round_trip_and_replace(cluster, fs, base):
+    path = f"{base}/ckpt"
+    for seed in (1, 2):  # the second save replaces the first, whole
+        dcp.save(state(seed, 4), storage_writer=CheckpointWriter(url(cluster, path)))
+        got = loaded(cluster, path, state(0, 4))
+        assert all(torch.equal(got[k], v) for k, v in state(seed, 4).items())
+    assert sorted(fs.ls(base, detail=False)) == [path]  # no staging directory left
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(path, detail=False)) == [
+        ".metadata",
+        "__0_0.distcp",
+    ]
+
+
+def test_dcp_fsspec_writer_unchanged_works_too(cluster, base):
+    path = f"{base}/plain"
+    dcp.save(state(3, 2), storage_writer=FsspecWriter(url(cluster, path), sync_files=False))
+    got = loaded(cluster, path, state(0, 2))
+    assert all(torch.equal(got[k], v) for k, v in state(3, 2).items())
+
+
+def test_dcp_gloo_ranks_save_shards_one_process_loads_whole(cluster, base):
+    path = f"{base}/sharded"
+    assert "saved" in finished(
+        job(
+            "save",
+            url(cluster, path),
+            5,
+            8,
+            ranks=2,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    )
+    # the two ranks load their own shards back
+    finished(
+        job(
+            "load",
+            url(cluster, path),
+            5,
+            8,
+            ranks=2,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    )
+    # and one process loads the whole tensors from the two ranks' files
+    got = loaded(cluster, path, state(0, 8))
+    assert all(torch.equal(got[k], v) for k, v in state(5, 8).items())
+
+
+def test_torch_save_and_load_through_fs_open(fs, base):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    tmp, final = f"{base}/model.pt.tmp", f"{base}/model.pt"
+    with fs.open(tmp, "wb") as f:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, f)
+    fs.mv(tmp, final)  # replaces an older model.pt atomically
+    with fs.open(final, "rb") as f:
+        back = torch.load(f, weights_only=True)
+    for k, v in model.state_dict().items():
+        assert torch.equal(back["model"][k], v)
+    assert back["opt"]["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    # a buffer round trip gives the same bytes as the file
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    assert len(fs.cat_file(final)) == len(buf.getvalue())
+
+
+class Shards(Dataset):
+    """One item per shard file: its tensor, read by whichever worker gets it."""
+
+    def __init__(self, fs: EmberFileSystem, paths: list[str]) -> None:
+        self.fs, self.paths = fs, paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        with self.fs.open(self.paths[i], "rb") as f:
+            data = f.read()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), os.getpid()
+
+
+def test_dataloader_forked_workers_read_shards(fs, base):
+    paths, digests = [], {}
+    for i in range(8):
+        data = os.urandom((1 << 20) + 4099 * i)
+        path = f"{base}/shard-{i:02d}.bin"
+        fs.pipe_file(path, data)
+        paths.append(path)
+        digests[i] = hashlib.sha256(data).hexdigest()
+    fs.cat_file(paths[0])  # the parent's client is live before the fork
+    loader = DataLoader(
+        Shards(fs, paths), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    seen, pids = {}, set()
+    for epoch in range(2):
+        for i, (tensor, pid) in enumerate(loader):
+            seen[(epoch, i)] = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+            pids.add(pid)
+    assert {k: v for k, v in seen.items()} == {
+        (e, i): digests[i] for e in range(2) for i in range(8)
+    }
+    assert os.getpid() not in pids and len(pids) >= 2
+
+
+def test_save_killed_at_any_point_leaves_one_whole_checkpoint(cluster, fs, base):
+    path, mib = f"{base}/ckpt", 48
+    old = state(1, mib)
+    dcp.save(old, storage_writer=CheckpointWriter(url(cluster, path)))
+    # one whole save, timed from its start: the kills below land across it
+    proc = job("save", url(cluster, path), 2, mib, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "saving"
+    began = time.monotonic()
+    assert proc.stdout.readline().strip() == "saved"
+    took = time.monotonic() - began
+    finished(proc)
+    current = 2
+    for seed, fraction in enumerate((0.05, 0.35, 0.65, 0.95, 1.1), start=10):
+        proc = job(
+            "save", url(cluster, path), seed, mib, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert proc.stdout.readline().strip() == "saving"
+        time.sleep(took * fraction)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        got = loaded(cluster, path, state(0, mib))
+        step = int(got["step"][0])
+        assert step in (current, seed), f"killed at {fraction:.0%}: step {step}"
+        assert all(torch.equal(got[k], v) for k, v in state(step, mib).items()), fraction
+        current = step
+    # the next save clears what a killed one left, and replaces the checkpoint
+    dcp.save(state(99, 1), storage_writer=CheckpointWriter(url(cluster, path)))
+    assert int(loaded(cluster, path, state(0, 1))["step"][0]) == 99
+    assert fs.ls(base, detail=False) == [path]
+
+
+def test_errors(cluster, fs, base):
+    fs.mkdir(f"{base}/root-only")
+    fs.client.meta.setattr(f"{base}/root-only", mode=0o755)
+    alice = AdminClient(cluster.admin_url, cluster.admin_token).post(
+        "/api/v1/tokens", {"uid": 1000, "gid": 1000, "groups": [], "name": "alice-ckpt"}
+    )["token"]
+    writer = CheckpointWriter(url(cluster, f"{base}/root-only/ckpt"), token=alice)
+    with pytest.raises(CheckpointException) as failed:
+        dcp.save(state(1, 1), storage_writer=writer)
+    errors = [e for e, _trace in failed.value.failures.values()]
+    assert errors and all(isinstance(e, PermissionError) for e in errors), errors
+    assert "root-only" in str(errors[0])
+    assert fs.ls(f"{base}/root-only", detail=False) == []  # nothing half-made
+    with pytest.raises(CheckpointException) as missing:
+        loaded(cluster, f"{base}/never-saved", state(0, 1))
+    ((why, _trace),) = missing.value.failures.values()  # DCP words it, naming our error
+    assert "no such file or directory" in str(why) and "never-saved/.metadata" in str(why)
+    with pytest.raises(ValueError, match="directory name"):
+        staging_path("emberfs://127.0.0.1:1/")
