@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecW
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from emberfs.cli.admin import AdminClient  # noqa: E402
-from emberfs.client.checkpoint import CheckpointWriter, staging_path  # noqa: E402
+from emberfs.client.checkpoint import CheckpointReader, CheckpointWriter, ItemFetcher, staging_path  # noqa: E402
 from emberfs.client.fs import EmberFileSystem  # noqa: E402
 
 from .torchjob import state  # noqa: E402
@@ -57,9 +57,9 @@ def url(cluster, path: str) -> str:
     return f"emberfs://{cluster.meta_address}{path}"
 
 
-def loaded(cluster, path: str, like: dict) -> dict:
+def loaded(cluster, path: str, like: dict, reader=CheckpointReader) -> dict:
     target = {k: torch.zeros_like(v) for k, v in like.items()}
-    dcp.load(target, storage_reader=FsspecReader(url(cluster, path)))
+    dcp.load(target, storage_reader=reader(url(cluster, path)))
     return target
 
 
@@ -76,11 +76,32 @@ def test_dcp_one_process_round_trip_and_replace(cluster, fs, base):
     ]
 
 
-def test_dcp_fsspec_writer_unchanged_works_too(cluster, base):
+def test_dcp_fsspec_writer_and_reader_unchanged_work_too(cluster, base):
     path = f"{base}/plain"
     dcp.save(state(3, 2), storage_writer=FsspecWriter(url(cluster, path), sync_files=False))
-    got = loaded(cluster, path, state(0, 2))
+    got = loaded(cluster, path, state(0, 2), reader=FsspecReader)
     assert all(torch.equal(got[k], v) for k, v in state(3, 2).items())
+
+
+def test_item_fetcher_keeps_its_window_and_fetches_each_range_once():
+    fetched = []
+
+    def fetch(key):
+        fetched.append(key)
+        return key[0].encode() * key[2]
+
+    order = [("a", 0, 4), ("a", 4, 4), ("b", 0, 4), ("a", 0, 4), ("c", 0, 4)]
+    fetcher = ItemFetcher(order, fetch, ahead=8, threads=1)
+    try:
+        assert fetcher.take(("b", 0, 4)) == b"bbbb"  # out of order: fetched at once
+        assert fetcher.take(("a", 0, 4)) == b"aaaa"
+        assert fetcher.take(("a", 4, 4)) == b"aaaa"
+        assert fetcher.take(("a", 0, 4)) == b"aaaa"  # its second use: still held
+        assert fetcher.take(("c", 0, 4)) == b"cccc"
+        assert fetcher.held == 0
+    finally:
+        fetcher.close()
+    assert sorted(fetched) == sorted(set(order))
 
 
 def test_dcp_gloo_ranks_save_shards_one_process_loads_whole(cluster, base):

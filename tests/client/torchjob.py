@@ -19,9 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader
 
-from emberfs.client.checkpoint import CheckpointWriter
+from emberfs.client.checkpoint import CheckpointReader, CheckpointWriter
 
 MiB = 1 << 20
 
@@ -59,7 +58,7 @@ def run(rank: int, args) -> None:
             print("saved", flush=True)
     else:
         target = {k: torch.zeros_like(v) for k, v in sd.items()}
-        dcp.load(target, storage_reader=FsspecReader(args.url))
+        dcp.load(target, storage_reader=CheckpointReader(args.url, ahead=3 << 20))
         for k, v in sd.items():
             got = target[k].to_local() if hasattr(target[k], "to_local") else target[k]
             want = v.to_local() if hasattr(v, "to_local") else v
