@@ -242,3 +242,13 @@ def test_errors(cluster, fs, base):
     assert "no such file or directory" in str(why) and "never-saved/.metadata" in str(why)
     with pytest.raises(ValueError, match="directory name"):
         staging_path("emberfs://127.0.0.1:1/")
+    assert staging_path("emberfs:///ckpt/latest/") == "emberfs:///ckpt/.latest.staging"
+    assert staging_path("emberfs://h:1/latest") == "emberfs://h:1/.latest.staging"
+    # overwrite=False refuses to replace a published checkpoint, and changes nothing
+    dcp.save(state(1, 1), storage_writer=CheckpointWriter(url(cluster, f"{base}/kept")))
+    with pytest.raises(CheckpointException, match="already exists"):
+        dcp.save(
+            state(2, 1),
+            storage_writer=CheckpointWriter(url(cluster, f"{base}/kept"), overwrite=False),
+        )
+    assert int(loaded(cluster, f"{base}/kept", state(0, 1))["step"][0]) == 1
