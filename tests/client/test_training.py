@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import multiprocessing
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -192,31 +192,66 @@ def test_dataloader_forked_workers_read_shards(fs, base):
     assert os.getpid() not in pids and len(pids) >= 2
 
 
+def save_in_child(path_url: str, seed: int, mib: int, started) -> None:
+    """A forked child's save; it says when it starts and exits at once when it returned."""
+    sd = state(seed, mib)
+    started.set()
+    dcp.save(sd, storage_writer=CheckpointWriter(path_url))
+    os._exit(0)
+
+
+def forked_save(path_url: str, seed: int, mib: int):
+    ctx = multiprocessing.get_context("fork")  # torch is imported already: a fast start
+    started = ctx.Event()
+    child = ctx.Process(target=save_in_child, args=(path_url, seed, mib, started))
+    child.start()
+    assert started.wait(60)
+    return child
+
+
+def killed_when(child, condition, timeout: float = 60) -> None:
+    """``kill -9`` the child as soon as ``condition()`` holds (or when it has exited)."""
+    deadline = time.monotonic() + timeout
+    while child.is_alive() and not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    child.kill()  # SIGKILL, unless it has exited (and been reaped) already
+    child.join(60)
+
+
 def test_save_killed_at_any_point_leaves_one_whole_checkpoint(cluster, fs, base):
     path, mib = f"{base}/ckpt", 48
-    old = state(1, mib)
-    dcp.save(old, storage_writer=CheckpointWriter(url(cluster, path)))
-    # one whole save, timed from its start: the kills below land across it
-    proc = job("save", url(cluster, path), 2, mib, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == "saving"
+    staging = staging_path(path)
+    dcp.save(state(1, mib), storage_writer=CheckpointWriter(url(cluster, path)))
+    # one whole save, timed from its start: the timed kills below land across it
+    child = forked_save(url(cluster, path), 2, mib)
     began = time.monotonic()
-    assert proc.stdout.readline().strip() == "saved"
-    took = time.monotonic() - began
-    finished(proc)
-    current = 2
-    for seed, fraction in enumerate((0.05, 0.35, 0.65, 0.95, 1.1), start=10):
-        proc = job(
-            "save", url(cluster, path), seed, mib, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        assert proc.stdout.readline().strip() == "saving"
-        time.sleep(took * fraction)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    child.join(120)
+    took, current = time.monotonic() - began, 2
+    assert child.exitcode == 0
+
+    def inode() -> int:
+        return fs.info(path)["ino"]
+
+    published = inode()
+    kills = [
+        # the new .metadata is written but the checkpoint not yet published
+        lambda: fs.exists(f"{staging}/.metadata"),
+        # published: the previous checkpoint not yet removed
+        lambda: inode() != published,
+    ]
+    fractions = (0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95)
+    for seed, when in enumerate([*kills, *fractions], start=10):
+        child = forked_save(url(cluster, path), seed, mib)
+        if callable(when):
+            killed_when(child, when)
+        else:
+            start = time.monotonic()
+            killed_when(child, lambda t=took * when, s=start: time.monotonic() - s >= t)
         got = loaded(cluster, path, state(0, mib))
         step = int(got["step"][0])
-        assert step in (current, seed), f"killed at {fraction:.0%}: step {step}"
-        assert all(torch.equal(got[k], v) for k, v in state(step, mib).items()), fraction
-        current = step
+        assert step in (current, seed), f"kill {when}: step {step}"
+        assert all(torch.equal(got[k], v) for k, v in state(step, mib).items()), when
+        current, published = step, inode()
     # the next save clears what a killed one left, and replaces the checkpoint
     dcp.save(state(99, 1), storage_writer=CheckpointWriter(url(cluster, path)))
     assert int(loaded(cluster, path, state(0, 1))["step"][0]) == 99
