@@ -1,8 +1,9 @@
 """Training jobs on EmberFS with real PyTorch: DCP checkpoints, torch.save, a forked DataLoader.
 
-Checkpoints are saved by real processes (``torchjob.py``): one process, or gloo ranks holding
-DTensor shards. A save killed with ``kill -9`` leaves the checkpoint's path holding the
-previous checkpoint or the new one, whole.
+Checkpoints are saved by real processes: this one, gloo ranks holding DTensor shards
+(``torchjob.py``), and forked children that are killed with ``kill -9`` at the two steps of the
+publish and at times spread over a whole save; the checkpoint's path then holds the previous
+checkpoint or the new one, whole.
 """
 
 from __future__ import annotations
