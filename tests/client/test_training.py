@@ -27,7 +27,13 @@ from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecW
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from emberfs.cli.admin import AdminClient  # noqa: E402
-from emberfs.client.checkpoint import CheckpointReader, CheckpointWriter, ItemFetcher, staging_path  # noqa: E402
+from emberfs.client.checkpoint import (  # noqa: E402
+    CheckpointReader,
+    CheckpointWriter,
+    ItemFetcher,
+    ViewReader,
+    staging_path,
+)
 from emberfs.client.fs import EmberFileSystem  # noqa: E402
 
 from .torchjob import state  # noqa: E402
@@ -77,6 +83,28 @@ def test_dcp_one_process_round_trip_and_replace(cluster, fs, base):
     ]
 
 
+def test_reader_reads_large_tensors_in_place_and_the_rest_as_dcp_does(cluster, base):
+    path = f"{base}/mixed"
+    saved = state(4, 8)  # four 2 MiB matrices: read in place
+    saved["bias"] = torch.arange(1000, dtype=torch.float64)  # small: deserialized
+    saved["half"] = torch.randn(1024, 1024).to(torch.bfloat16)  # a dtype numpy lacks
+    saved["extra"] = {"epoch": 7, "name": "run-1"}  # not a tensor: bytes
+    dcp.save(saved, storage_writer=CheckpointWriter(url(cluster, path)))
+    target = {k: torch.zeros_like(v) for k, v in saved.items() if isinstance(v, torch.Tensor)}
+    target["extra"] = {"epoch": 0, "name": ""}
+    target["layer0.weight"] = target["layer0.weight"].t().contiguous().t()  # not contiguous
+    reader = CheckpointReader(url(cluster, path), ahead=1 << 20)
+    dcp.load(target, storage_reader=reader)
+    for k, v in saved.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(target[k], v), k
+    assert target["extra"] == {"epoch": 7, "name": "run-1"}
+    matrix = 8 * (1 << 20) // 4
+    # three matrices and the bf16 one in place; the transposed one and the rest deserialized
+    assert reader.direct_bytes == 3 * matrix + 2 * (1 << 20)
+    assert reader.fetched_bytes > matrix
+
+
 def test_dcp_fsspec_writer_and_reader_unchanged_work_too(cluster, base):
     path = f"{base}/plain"
     dcp.save(state(3, 2), storage_writer=FsspecWriter(url(cluster, path), sync_files=False))
@@ -84,25 +112,38 @@ def test_dcp_fsspec_writer_and_reader_unchanged_work_too(cluster, base):
     assert all(torch.equal(got[k], v) for k, v in state(3, 2).items())
 
 
-def test_item_fetcher_keeps_its_window_and_fetches_each_range_once():
+def test_item_fetcher_keeps_its_window_reuses_buffers_and_reads_each_range_once():
     fetched = []
 
-    def fetch(key):
+    def read_into(key, view):
         fetched.append(key)
-        return key[0].encode() * key[2]
+        view[:] = key[0].encode() * key[2]
 
-    order = [("a", 0, 4), ("a", 4, 4), ("b", 0, 4), ("a", 0, 4), ("c", 0, 4)]
-    fetcher = ItemFetcher(order, fetch, ahead=8, threads=1)
+    order = [("a", 0, 4), ("a", 4, 4), ("b", 0, 4), ("a", 0, 4), ("c", 0, 4), ("d", 0, 8)]
+    fetcher = ItemFetcher(order, read_into, ahead=8, threads=1)
     try:
-        assert fetcher.take(("b", 0, 4)) == b"bbbb"  # out of order: fetched at once
-        assert fetcher.take(("a", 0, 4)) == b"aaaa"
+        assert fetcher.take(("b", 0, 4)) == b"bbbb"  # out of order: read at once
+        first = fetcher.take(("a", 0, 4))
+        assert first == b"aaaa"
         assert fetcher.take(("a", 4, 4)) == b"aaaa"
         assert fetcher.take(("a", 0, 4)) == b"aaaa"  # its second use: still held
         assert fetcher.take(("c", 0, 4)) == b"cccc"
+        assert fetcher.take(("d", 0, 8)) == b"dddddddd"
         assert fetcher.held == 0
+        assert sum(map(len, (b for bufs in fetcher.spare.values() for b in bufs))) <= 8
     finally:
         fetcher.close()
     assert sorted(fetched) == sorted(set(order))
+    assert len({id(b) for bufs in fetcher.spare.values() for b in bufs}) >= 1
+
+
+def test_view_reader_reads_and_seeks_like_a_file():
+    reader = ViewReader(memoryview(b"0123456789"))
+    assert reader.read(3) == b"012" and reader.tell() == 3
+    assert reader.seek(-2, io.SEEK_END) == 8 and reader.read() == b"89"
+    assert reader.seek(1) == 1 and reader.read(100) == b"123456789" and reader.read(1) == b""
+    with pytest.raises(ValueError):
+        reader.seek(-1)
 
 
 def test_dcp_gloo_ranks_save_shards_one_process_loads_whole(cluster, base):
