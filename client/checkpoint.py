@@ -36,7 +36,9 @@ from __future__ import annotations
 import ctypes
 import io
 import os
+import struct
 import threading
+import zipfile
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -240,21 +242,25 @@ def direct_range(files: OpenFiles, key: tuple[str, int, int], req, target) -> tu
     """Where in its file the bytes of ``target`` are, or None when they cannot be read as they lie.
 
     The item is one ``torch.save`` of a tensor: a zip archive whose records
-    are stored uncompressed. Its central directory (at the end) and pickle (at
-    the start) give the data record's offset and the tensor's dtype, shape,
-    strides and storage offset, read with ``map_location="meta"`` (no data).
+    are stored uncompressed. Its central directory (at the end) and the data
+    record's local header give where the record's bytes start; its pickle (at
+    the start) the tensor's dtype, shape, strides and storage offset, read
+    with ``map_location="meta"`` (no data).
     """
     name, offset, length = key
     if target.device.type != "cpu" or not target.is_contiguous() or any(req.storage_offsets):
         return None
     header = ItemHeader(files, key)
-    reader = torch._C.PyTorchFileReader(header)
-    records = [
-        r for r in reader.get_all_records() if "/data/" in f"/{r}" and not r.endswith(".pkl")
-    ]
-    if len(records) != 1:
+    with zipfile.ZipFile(header) as archive:
+        records = [i for i in archive.infolist() if "/data/" in f"/{i.filename}"]
+    if len(records) != 1 or records[0].compress_type != zipfile.ZIP_STORED:
         return None
-    record_offset = reader.get_record_offset(records[0])
+    header.seek(records[0].header_offset)
+    local = header.read(30)  # the record's local header: its name and extra field follow it
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        return None
+    name_n, extra_n = struct.unpack_from("<HH", local, 26)
+    record_offset = records[0].header_offset + 30 + name_n + extra_n
     header.seek(0)
     saved = torch.load(header, map_location="meta", weights_only=True)
     if not (
