@@ -1,0 +1,144 @@
+"""Filling a disk cache without holding up the reads: chunks just read, written in the background.
+
+:class:`FillQueue` takes a copy of each whole chunk a read fetched from the
+cluster (:meth:`FillQueue.offer`) and one background thread per process
+writes them into the cache (:meth:`emberfs.client.diskcache.DiskCache.store`).
+The reader never waits: when the bytes waiting pass the queue's limit, when
+the cache's file system is nearly full, or for a few seconds after a fill
+failed, a chunk is not kept (``fill_skips``) and the next epoch reads it from
+the cluster again. The buffers of written fills are reused, so a long first
+epoch keeps copying into memory the process already has.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from emberfs.client.cachestate import PerProcess
+
+FILL_BUFFER = 128 * 1024 * 1024  # bytes of fills waiting for the background writer, at most
+PAUSE_AFTER_ERROR = 5.0  # seconds fills stop after one failed
+RESERVE = 256 * 1024 * 1024  # free bytes fills leave on the cache's file system (or 1 % of it)
+ROOM_CHECK_EVERY = 1.0  # seconds between looks at the file system's free space
+
+
+class _Queue:
+    """One process's fills: waiting, being written, and the buffers to reuse."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.items: deque = deque()
+        self.queued = 0  # bytes waiting or being written
+        self.spare: list[bytearray] = []
+        self.thread: threading.Thread | None = None
+        self.paused_until = 0.0
+        self.room_checked = -ROOM_CHECK_EVERY
+        self.room = True
+
+
+class FillQueue:
+    """Whole chunks waiting to be written into a cache by a background thread.
+
+    Parameters
+    ----------
+    store : callable
+        ``store(key, buffer) -> bool`` writes one entry (in the background thread).
+    count : callable
+        ``count(**counts)`` counts skipped fills (``fill_skips=1``).
+    directory : str
+        The cache's directory, whose file system's free space is watched.
+    limit : int
+        Bytes of fills that may wait at once in one process.
+    """
+
+    def __init__(
+        self, store: Callable, count: Callable, directory: str, limit: int = FILL_BUFFER
+    ) -> None:
+        self._store = store
+        self._count = count
+        self.directory = directory
+        self.limit = limit
+        self._queues = PerProcess(_Queue)
+
+    def offer(self, key, data) -> bool:
+        """Copy ``data`` (the whole chunk of ``key``) to be written; False when skipped."""
+        n = len(data)
+        q = self._queues.get()
+        with q.cond:
+            skip = (
+                q.queued + n > self.limit or time.monotonic() < q.paused_until or not self._room(q)
+            )
+            buf = None
+            if not skip:
+                q.queued += n
+                buf = next((b for b in q.spare if len(b) == n), None)
+                if buf is not None:
+                    q.spare.remove(buf)
+        if skip:
+            self._count(fill_skips=1)
+            return False
+        if buf is None:
+            buf = bytearray(n)
+        buf[:] = data
+        with q.cond:
+            q.items.append((key, buf))
+            if q.thread is None or not q.thread.is_alive():
+                q.thread = threading.Thread(
+                    target=self._run, args=(q,), name="emberfs-cache-fill", daemon=True
+                )
+                q.thread.start()
+            q.cond.notify_all()
+        return True
+
+    def pause(self) -> None:
+        """A fill failed: take no more for a few seconds."""
+        q = self._queues.get()
+        with q.cond:
+            q.paused_until = time.monotonic() + PAUSE_AFTER_ERROR
+
+    def _room(self, q: _Queue) -> bool:
+        """Whether the cache's file system has room for fills (looked at once a second)."""
+        now = time.monotonic()
+        if now - q.room_checked >= ROOM_CHECK_EVERY:
+            q.room_checked = now
+            try:
+                st = os.statvfs(self.directory)
+                reserve = min(RESERVE, st.f_blocks * st.f_frsize // 100)
+                q.room = st.f_bavail * st.f_frsize > reserve
+            except OSError:
+                q.room = False
+        return q.room
+
+    def _run(self, q: _Queue) -> None:
+        while True:
+            with q.cond:
+                while not q.items:
+                    q.cond.wait()
+                key, buf = q.items[0]
+            try:
+                self._store(key, buf)
+            finally:
+                with q.cond:
+                    q.items.popleft()
+                    q.queued -= len(buf)
+                    if sum(map(len, q.spare)) + len(buf) <= self.limit // 4:
+                        q.spare.append(buf)
+                    q.cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until this process's fills are written; False when ``timeout`` passed first."""
+        q = self._queues.current()
+        if q is None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with q.cond:
+            while q.items:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                q.cond.wait(left)
+        return True
