@@ -109,8 +109,9 @@ class DiskCache:
     ----------
     directory : str
         Made when missing. Processes that name the same directory share it.
-    size : int
-        The limit of the bytes its entries take (data and checksums).
+    size : int or None
+        The limit of the bytes its entries take (data and checksums). None
+        (to inspect or clear a cache) takes the limit its last user set.
     fill_buffer : int
         Bytes of fills a process lets wait for its background writer.
 
@@ -122,11 +123,11 @@ class DiskCache:
         format's cache.
     """
 
-    def __init__(self, directory: str, size: int, fill_buffer: int = FILL_BUFFER) -> None:
+    def __init__(self, directory: str, size: int | None, fill_buffer: int = FILL_BUFFER) -> None:
         self.directory = os.path.abspath(os.path.expanduser(str(directory)))
-        if size <= 0:
+        if size is not None and size <= 0:
             raise ValueError(f"the disk cache's size must be positive, not {size}")
-        self.limit = int(size)
+        self.limit = 0 if size is None else int(size)
         self.data_dir = os.path.join(self.directory, "data")
         self.tmp_dir = os.path.join(self.directory, "tmp")
         try:
@@ -164,7 +165,15 @@ class DiskCache:
             f.write(b"\0")
         os.unlink(probe)
         self.state = CacheState(os.path.join(self.directory, "state"))
-        self.state.update(lambda s: s.update(limit=self.limit))
+        if self.limit:
+            self.state.update(lambda s: s.update(limit=self.limit))
+        else:
+            self.limit = self.state.read()["limit"]
+
+    @staticmethod
+    def found(directory: str) -> bool:
+        """True when ``directory`` holds a disk cache."""
+        return os.path.exists(os.path.join(os.path.expanduser(str(directory)), "emberfs-cache"))
 
     # keys and paths ------------------------------------------------------------------------
     @staticmethod
