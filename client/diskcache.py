@@ -403,8 +403,14 @@ class DiskCache:
         self.state.update(wipe)
         return removed
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Write out this process's waiting fills and add up its counters; False on timeout."""
+        done = self.fills.wait(timeout)
+        self.state.flush()
+        return done
+
     def close(self) -> None:
-        """Write out this process's waiting fills (30 s at most) and add up its counters."""
+        """:meth:`flush` as a process ends or a client closes (30 s at most; never raises)."""
         self.fills.wait(30.0)
         try:
             self.state.flush()
