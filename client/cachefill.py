@@ -6,8 +6,9 @@ writes them into the cache (:meth:`emberfs.client.diskcache.DiskCache.store`).
 The reader never waits: when the bytes waiting pass the queue's limit, when
 the cache's file system is nearly full, or for a few seconds after a fill
 failed, a chunk is not kept (``fill_skips``) and the next epoch reads it from
-the cluster again. The buffers of written fills are reused, so a long first
-epoch keeps copying into memory the process already has.
+the cluster again. The buffers of written fills are reused (the cache's
+:class:`~emberfs.client.cacheentry.AlignedPool`), so a long first epoch keeps
+copying into memory the process already has.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 from emberfs.client.cachestate import PerProcess
 
-FILL_BUFFER = 128 * 1024 * 1024  # bytes of fills waiting for the background writer, at most
+FILL_BUFFER = 64 * 1024 * 1024  # bytes of fills waiting for the background writer, at most
 PAUSE_AFTER_ERROR = 5.0  # seconds fills stop after one failed
 RESERVE = 256 * 1024 * 1024  # free bytes fills leave on the cache's file system (or 1 % of it)
 ROOM_CHECK_EVERY = 1.0  # seconds between looks at the file system's free space
@@ -33,7 +34,6 @@ class _Queue:
         self.cond = threading.Condition()
         self.items: deque = deque()
         self.queued = 0  # bytes waiting or being written
-        self.spare: list[bytearray] = []
         self.thread: threading.Thread | None = None
         self.paused_until = 0.0
         self.room_checked = -ROOM_CHECK_EVERY
@@ -53,13 +53,24 @@ class FillQueue:
         The cache's directory, whose file system's free space is watched.
     limit : int
         Bytes of fills that may wait at once in one process.
+    allocate, release : callable
+        ``allocate(n)``: a buffer for ``n`` bytes (the cache's aligned ones);
+        ``release(buffer)`` takes it back once written.
     """
 
     def __init__(
-        self, store: Callable, count: Callable, directory: str, limit: int = FILL_BUFFER
+        self,
+        store: Callable,
+        count: Callable,
+        directory: str,
+        limit: int = FILL_BUFFER,
+        allocate: Callable = bytearray,
+        release: Callable = lambda buf: None,
     ) -> None:
         self._store = store
         self._count = count
+        self._allocate = allocate
+        self._release = release
         self.directory = directory
         self.limit = limit
         self._queues = PerProcess(_Queue)
@@ -72,20 +83,15 @@ class FillQueue:
             skip = (
                 q.queued + n > self.limit or time.monotonic() < q.paused_until or not self._room(q)
             )
-            buf = None
             if not skip:
                 q.queued += n
-                buf = next((b for b in q.spare if len(b) == n), None)
-                if buf is not None:
-                    q.spare.remove(buf)
         if skip:
             self._count(fill_skips=1)
             return False
-        if buf is None:
-            buf = bytearray(n)
-        buf[:] = data
+        buf = self._allocate(n)
+        buf[:n] = data
         with q.cond:
-            q.items.append((key, buf))
+            q.items.append((key, buf, n))
             if q.thread is None or not q.thread.is_alive():
                 q.thread = threading.Thread(
                     target=self._run, args=(q,), name="emberfs-cache-fill", daemon=True
@@ -118,15 +124,14 @@ class FillQueue:
             with q.cond:
                 while not q.items:
                     q.cond.wait()
-                key, buf = q.items[0]
+                key, buf, n = q.items[0]
             try:
                 self._store(key, buf)
             finally:
+                self._release(buf)
                 with q.cond:
                     q.items.popleft()
-                    q.queued -= len(buf)
-                    if sum(map(len, q.spare)) + len(buf) <= self.limit // 4:
-                        q.spare.append(buf)
+                    q.queued -= n
                     q.cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:

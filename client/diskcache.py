@@ -6,7 +6,7 @@ servers. :class:`DiskCache` owns that directory:
 
 * **One file per chunk.** An entry holds the bytes of one whole chunk of one
   version of one file, a CRC32C per 64 KiB block of them and a footer
-  (:data:`FOOTER`); a read checks the blocks it returns and drops an entry
+  (:mod:`emberfs.client.cacheentry`); a read checks the blocks it returns and drops an entry
   that fails (counted as ``corrupt``), then reads the chunk from the cluster.
 * **Keyed so that a changed file misses.** The key (:class:`ChunkKey`) is the
   inode, its creation time, its data version and the chunk's index and
@@ -47,14 +47,13 @@ import argparse
 import atexit
 import errno
 import logging
+import mmap
 import os
-import struct
 import threading
 import time
 from dataclasses import dataclass
 
-import crc32c
-
+from emberfs.client.cacheentry import AlignedPool, entry_size, read_entry, read_whole, write_entry
 from emberfs.client.cachefill import FILL_BUFFER, FillQueue
 from emberfs.client.cachestate import COUNTERS, CacheState, PerProcess
 from emberfs.common.units import parse_size
@@ -63,11 +62,9 @@ from emberfs.proto import common_pb2
 log = logging.getLogger(__name__)
 
 FORMAT = "emberfs disk cache, format 1\n"
-BLOCK = 64 * 1024  # bytes per CRC32C
-FOOTER = struct.Struct("<4sIQI")  # magic, block size, data length, CRC32C of the CRC table
-MAGIC = b"EMBC"
 LOW_WATER = 0.9  # an eviction leaves at most this share of the limit in use
 TOUCH_AFTER_NS = 10**9  # a hit renews an entry's mtime when it is older than this
+BLOCKS_KEPT = 64 * 1024 * 1024  # bytes of read blocks' buffers kept for reuse
 STALE_TMP_NS = 3600 * 10**9  # a fill left in tmp/ this long ago belongs to a dead process
 
 
@@ -88,18 +85,6 @@ class ChunkKey:
     @property
     def shard(self) -> str:
         return f"{(self.inode * 0x9E3779B1 + self.index) & 0xFF:02x}"
-
-
-def trailer_size(length: int) -> int:
-    """Bytes after an entry's data: its CRC table and footer."""
-    return 4 * -(-length // BLOCK) + FOOTER.size
-
-
-def crc_table(data) -> bytes:
-    view = memoryview(data)
-    return b"".join(
-        struct.pack("<I", crc32c.crc32c(view[i : i + BLOCK])) for i in range(0, len(view), BLOCK)
-    )
 
 
 class DiskCache:
@@ -138,7 +123,17 @@ class DiskCache:
                 f"the disk cache directory {self.directory} cannot be used: {exc.strerror or exc}",
                 self.directory,
             ) from None
-        self.fills = FillQueue(self.store, self.state.count, self.directory, fill_buffer)
+        # aligned buffers of whole chunks, reused (fresh pages cost more than the copy into
+        # them): the fills waiting, and the blocks read for readahead
+        self.buffers = AlignedPool(fill_buffer + BLOCKS_KEPT)
+        self.fills = FillQueue(
+            self.store,
+            self.state.count,
+            self.directory,
+            fill_buffer,
+            allocate=self.buffers.get,
+            release=self.buffers.put,
+        )
         self._seq = 0
         self._seq_lock = threading.Lock()
         # the fills and counts of a process are written out when it ends: atexit, and for a
@@ -218,28 +213,50 @@ class DiskCache:
         self._user.get()
         path = self.path(key)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+            ok = read_entry(path, key.length, offset, view, TOUCH_AFTER_NS)
+        except FileNotFoundError:
             return False
-        try:
-            st = os.fstat(fd)
-            ok = _read_entry(fd, st.st_size, key, offset, view)
-            if ok and time.time_ns() - st.st_mtime_ns > TOUCH_AFTER_NS:
-                try:
-                    os.utime(fd)  # least recently used goes first
-                except OSError:
-                    pass
         except OSError as exc:
             log.warning("disk cache entry %s unreadable: %s", path, exc)
             ok = False
-        finally:
-            os.close(fd)
         if ok:
             self.state.count(hits=1, hit_bytes=n)
         else:
             self.state.count(corrupt=1)
             self._drop(path, key)
         return ok
+
+    def read_block(self, key: ChunkKey) -> memoryview | None:
+        """The whole chunk of ``key`` in a buffer of the cache's own (read without a copy), or None.
+
+        :meth:`release` takes the buffer back once nobody reads it. None is a
+        miss, or a bad entry (then removed and counted), as for :meth:`read_into`.
+        """
+        self._user.get()
+        buf = self.buffers.get(key.length)
+        path = self.path(key)
+        try:
+            ok = read_whole(path, key.length, buf, TOUCH_AFTER_NS)
+        except FileNotFoundError:
+            self.buffers.put(buf)
+            return None
+        except OSError as exc:
+            log.warning("disk cache entry %s unreadable: %s", path, exc)
+            ok = False
+        if not ok:
+            self.buffers.put(buf)
+            self.state.count(corrupt=1)
+            self._drop(path, key)
+            return None
+        self.state.count(hits=1, hit_bytes=key.length)
+        return memoryview(buf)[: key.length]
+
+    def release(self, block) -> bool:
+        """Take back a block of :meth:`read_block`; False when ``block`` is not one."""
+        if isinstance(block, memoryview) and isinstance(block.obj, mmap.mmap):
+            self.buffers.put(block.obj)
+            return True
+        return False
 
     def missed(self, nbytes: int) -> None:
         """A read of ``nbytes`` of a cached file that the cache did not hold."""
@@ -254,7 +271,7 @@ class DiskCache:
                 os.unlink(path)
             except FileNotFoundError:
                 return
-            state["used"] -= key.length + trailer_size(key.length)
+            state["used"] -= entry_size(key.length)
 
         try:
             self.state.update(remove)
@@ -279,15 +296,13 @@ class DiskCache:
         used entries. A failure (a full disk, EIO) is counted and logged,
         pauses the background fills, and never raises.
         """
-        size = len(data) + trailer_size(len(data))
-        if len(data) != key.length or size > self.limit:
+        size = entry_size(key.length)
+        if len(data) < key.length or size > self.limit:
             self.state.count(fill_skips=1)
             return False
         with self._seq_lock:
             self._seq += 1
             tmp = os.path.join(self.tmp_dir, f"{os.getpid()}-{threading.get_ident()}-{self._seq}")
-        table = crc_table(data)
-        trailer = table + FOOTER.pack(MAGIC, BLOCK, len(data), crc32c.crc32c(table))
         linked = False
 
         def link(state: dict) -> None:
@@ -302,12 +317,7 @@ class DiskCache:
             linked = True
 
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                _write_all(fd, memoryview(data).cast("B"))
-                _write_all(fd, memoryview(trailer))
-            finally:
-                os.close(fd)
+            write_entry(tmp, data, key.length)
             self.state.update(link)
         except OSError as exc:
             self.fills.pause()
@@ -320,7 +330,7 @@ class DiskCache:
             except OSError:
                 pass
         if linked:
-            self.state.count(fills=1, fill_bytes=len(data))
+            self.state.count(fills=1, fill_bytes=key.length)
         return True
 
     # eviction and inspection -----------------------------------------------------------------
@@ -449,42 +459,6 @@ def open_cache(directory: str, size: int | str) -> DiskCache:
         if cache is None:
             cache = _opened[key] = DiskCache(*key)
         return cache
-
-
-def _read_entry(fd: int, size: int, key: ChunkKey, offset: int, view: memoryview) -> bool:
-    """Read an entry's bytes at ``offset`` into ``view``, checking them: False when it is bad."""
-    length = key.length
-    tsize = trailer_size(length)
-    if size != length + tsize:
-        return False
-    trailer = os.pread(fd, tsize, length)
-    magic, block, stored, table_crc = FOOTER.unpack_from(trailer, tsize - FOOTER.size)
-    table = trailer[: tsize - FOOTER.size]
-    if (magic, block, stored) != (MAGIC, BLOCK, length) or crc32c.crc32c(table) != table_crc:
-        return False
-    lo = offset - offset % BLOCK
-    hi = min(length, -(-(offset + len(view)) // BLOCK) * BLOCK)
-    direct = lo == offset and hi == offset + len(view)
-    buf = view if direct else memoryview(bytearray(hi - lo))
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], lo + got)
-        if n <= 0:
-            return False
-        got += n
-    for i in range(0, hi - lo, BLOCK):
-        (want,) = struct.unpack_from("<I", table, 4 * ((lo + i) // BLOCK))
-        if crc32c.crc32c(buf[i : i + BLOCK]) != want:
-            return False
-    if not direct:
-        view[:] = buf[offset - lo : offset - lo + len(view)]
-    return True
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while len(view):
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 def _when_process_ends(fn) -> None:

@@ -99,18 +99,36 @@ class FileIO:
         return [rt.executor.submit(read, rt, h, io) for io in read_ios(h, start, view)]
 
     def submit_block(self, h: OpenHandle, start: int, end: int) -> Future:
-        """A future of a bytearray with the file bytes [start, end) (one task).
+        """A future of a buffer with the file bytes [start, end) (one task).
 
-        The buffer comes from the runtime's :class:`~emberfs.client.buffers.BlockPool`;
-        :meth:`release_block` gives it back.
+        The buffer comes from the runtime's :class:`~emberfs.client.buffers.BlockPool`,
+        or for a whole chunk the disk cache holds, from the cache (read into it
+        without a copy); :meth:`release_block` gives it back.
         """
         rt = self._runtime.get()
         read = self._read_of(h)
+        cache = self.cache
+        key = None
+        if cache is not None and start % h.chunk_size == 0:
+            key = cache.key(h.attr, start // h.chunk_size, h.session_id)
+            if key is not None and key.length != end - start:
+                key = None  # not one whole chunk
 
-        def fetch() -> bytearray:
+        def fetch():
+            if key is not None:
+                block = cache.read_block(key)  # a hit lands in a buffer of the cache's own
+                if block is not None:
+                    return block
+                cache.missed(key.length)
             buf = rt.blocks.get(end - start)
-            for io in read_ios(h, start, memoryview(buf)):
-                read(rt, h, io)
+            view = memoryview(buf)
+            for io in read_ios(h, start, view):
+                if key is None:
+                    read(rt, h, io)
+                else:
+                    read_chunk(rt, h, io)
+            if key is not None:
+                cache.offer(key, view)
             return buf
 
         return rt.executor.submit(fetch)
@@ -136,6 +154,8 @@ class FileIO:
 
     def release_block(self, buf) -> None:
         """Take back a block buffer of :meth:`submit_block` that nobody uses any more."""
+        if self.cache is not None and self.cache.release(buf):
+            return
         rt = self._runtime.current()
         if rt is not None:
             rt.blocks.put(buf)
