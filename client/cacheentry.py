@@ -1,9 +1,10 @@
 """One entry of a disk cache: its file's format, its checks, and its I/O past the page cache.
 
 An entry file holds one whole chunk: its bytes, then a CRC32C of every
-:data:`BLOCK` bytes (little-endian u32 each), then :data:`FOOTER` (a magic,
-the block size, the data's length and the CRC32C of the CRC table). A read
-checks the footer, the file's size and the CRC of every block it returns.
+:data:`BLOCK` bytes (little-endian u32 each), zeros up to a multiple of
+:data:`ALIGN` bytes less the footer, and :data:`FOOTER` (a magic, the block
+size, the data's length and the CRC32C of the CRC table) last. A read checks
+the footer, the file's size and the CRC of every block it returns.
 
 Entries are written and read with direct I/O (``O_DIRECT``) where the file
 system has it: the bytes move between the disk and an aligned buffer of the
@@ -37,19 +38,17 @@ _U32 = struct.Struct("<I")
 _NOT_DIRECT = (errno.EINVAL, errno.EOPNOTSUPP)
 
 
-def trailer_size(length: int) -> int:
-    """Bytes after an entry's data: its CRC table and footer."""
-    return 4 * -(-length // BLOCK) + FOOTER.size
+def table_size(length: int) -> int:
+    """Bytes of the CRC table of an entry of ``length`` data bytes."""
+    return 4 * -(-length // BLOCK)
 
 
 def entry_size(length: int) -> int:
-    """Bytes of the file of an entry of ``length`` data bytes."""
-    return length + trailer_size(length)
+    """Bytes of the file of an entry of ``length`` data bytes (a multiple of :data:`ALIGN`)."""
+    return -(-(length + table_size(length) + FOOTER.size) // ALIGN) * ALIGN
 
 
-def padded(length: int) -> int:
-    """An entry's file size rounded up for direct I/O: the size of its buffers."""
-    return -(-entry_size(length) // ALIGN) * ALIGN
+padded = entry_size  # the size of an entry's buffers: its file, written and read whole
 
 
 def new_buffer(length: int) -> mmap.mmap:
@@ -124,7 +123,10 @@ def write_entry(path: str, data, length: int) -> None:
     view = memoryview(data)
     table = _crc_table(view[:length])
     total = entry_size(length)
-    view[length:total] = table + FOOTER.pack(MAGIC, BLOCK, length, crc32c.crc32c(table))
+    end = length + len(table)
+    view[length:end] = table
+    view[end : total - FOOTER.size] = bytes(total - FOOTER.size - end)
+    view[total - FOOTER.size : total] = FOOTER.pack(MAGIC, BLOCK, length, crc32c.crc32c(table))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
         fd = os.open(path, flags | os.O_DIRECT, 0o644)
@@ -132,24 +134,15 @@ def write_entry(path: str, data, length: int) -> None:
         if exc.errno not in _NOT_DIRECT:
             raise
         fd = os.open(path, flags, 0o644)
-        direct = False
-    else:
-        direct = True
     try:
-        if direct:
-            try:
-                _write_all(fd, view[: padded(length)])
-            except OSError as exc:
-                if exc.errno not in _NOT_DIRECT:
-                    raise
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                direct = False
-        if direct:
-            os.ftruncate(fd, total)  # the padding goes
-        else:
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
+        try:
             _write_all(fd, view[:total])
+        except OSError as exc:  # direct I/O refused after all: write through the page cache
+            if exc.errno not in _NOT_DIRECT:
+                raise
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            os.ftruncate(fd, 0)
+            _write_all(fd, view[:total], 0)
     finally:
         os.close(fd)
 
@@ -195,13 +188,10 @@ def _with_entry(path: str, length: int, touch_ns: int, read) -> bool:
         os.close(fd)
 
 
-def _check_trailer(trailer, length: int) -> bytes | None:
-    """The CRC table of a good trailer, else None."""
-    tsize = trailer_size(length)
-    if len(trailer) != tsize:
-        return None
-    magic, block, stored, table_crc = FOOTER.unpack_from(trailer, tsize - FOOTER.size)
-    table = bytes(trailer[: tsize - FOOTER.size])
+def _check(table, footer, length: int) -> bytes | None:
+    """The CRC table of an entry of ``length`` bytes whose table and footer are good, else None."""
+    magic, block, stored, table_crc = FOOTER.unpack(footer)
+    table = bytes(table)
     if (magic, block, stored) != (MAGIC, BLOCK, length) or crc32c.crc32c(table) != table_crc:
         return None
     return table
@@ -224,7 +214,7 @@ def _read_whole(fd: int, length: int, buf: memoryview) -> bool:
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
-        got = _read_all(fd, buf[: padded(length)], 0, need=total)
+        got = _read_all(fd, buf[:total], 0)
     except OSError as exc:
         if exc.errno not in _NOT_DIRECT:
             raise
@@ -232,13 +222,20 @@ def _read_whole(fd: int, length: int, buf: memoryview) -> bool:
         got = _read_all(fd, buf[:total], 0)
     if got < total:
         return False
-    table = _check_trailer(buf[length:total], length)
+    table = _check(
+        buf[length : length + table_size(length)], buf[total - FOOTER.size : total], length
+    )
     return table is not None and _blocks_good(table, buf[:length], 0)
 
 
 def _read_blocks(fd: int, length: int, offset: int, view: memoryview) -> bool:
-    """Read the blocks holding ``view``'s bytes and the trailer (buffered), check, copy."""
-    table = _check_trailer(os.pread(fd, trailer_size(length), length), length)
+    """Read the blocks holding ``view``'s bytes, the table and footer (buffered), check, copy."""
+    total = entry_size(length)
+    table = _check(
+        os.pread(fd, table_size(length), length),
+        os.pread(fd, FOOTER.size, total - FOOTER.size),
+        length,
+    )
     if table is None:
         return False
     lo = offset - offset % BLOCK
@@ -250,11 +247,10 @@ def _read_blocks(fd: int, length: int, offset: int, view: memoryview) -> bool:
     return True
 
 
-def _read_all(fd: int, buf: memoryview, offset: int, need: int | None = None) -> int:
-    """Read into ``buf`` from ``offset`` until ``need`` bytes (all of it) or the file's end."""
+def _read_all(fd: int, buf: memoryview, offset: int) -> int:
+    """Read into ``buf`` from ``offset`` until it is full or the file ends; the bytes read."""
     got = 0
-    need = len(buf) if need is None else need
-    while got < need:
+    while got < len(buf):
         n = os.preadv(fd, [buf[got:]], offset + got)
         if n <= 0:
             break
@@ -262,7 +258,8 @@ def _read_all(fd: int, buf: memoryview, offset: int, need: int | None = None) ->
     return got
 
 
-def _write_all(fd: int, view: memoryview) -> None:
+def _write_all(fd: int, view: memoryview, offset: int = 0) -> None:
     while len(view):
-        n = os.write(fd, view)
+        n = os.pwrite(fd, view, offset)
         view = view[n:]
+        offset += n

@@ -1,8 +1,8 @@
 """Filling a disk cache without holding up the reads: chunks just read, written in the background.
 
 :class:`FillQueue` takes a copy of each whole chunk a read fetched from the
-cluster (:meth:`FillQueue.offer`) and one background thread per process
-writes them into the cache (:meth:`emberfs.client.diskcache.DiskCache.store`).
+cluster (:meth:`FillQueue.offer`) and up to :data:`WRITERS` background threads
+per process write them into the cache (:meth:`emberfs.client.diskcache.DiskCache.store`).
 The reader never waits: when the bytes waiting pass the queue's limit, when
 the cache's file system is nearly full, or for a few seconds after a fill
 failed, a chunk is not kept (``fill_skips``) and the next epoch reads it from
@@ -25,6 +25,7 @@ FILL_BUFFER = 64 * 1024 * 1024  # bytes of fills waiting for the background writ
 PAUSE_AFTER_ERROR = 5.0  # seconds fills stop after one failed
 RESERVE = 256 * 1024 * 1024  # free bytes fills leave on the cache's file system (or 1 % of it)
 ROOM_CHECK_EVERY = 1.0  # seconds between looks at the file system's free space
+WRITERS = 4  # threads writing one process's fills: a disk takes direct writes best in parallel
 
 
 class _Queue:
@@ -34,14 +35,15 @@ class _Queue:
         self.cond = threading.Condition()
         self.items: deque = deque()
         self.queued = 0  # bytes waiting or being written
-        self.thread: threading.Thread | None = None
+        self.writing = 0  # fills being written
+        self.threads: list[threading.Thread] = []
         self.paused_until = 0.0
         self.room_checked = -ROOM_CHECK_EVERY
         self.room = True
 
 
 class FillQueue:
-    """Whole chunks waiting to be written into a cache by a background thread.
+    """Whole chunks waiting to be written into a cache by background threads.
 
     Parameters
     ----------
@@ -92,12 +94,14 @@ class FillQueue:
         buf[:n] = data
         with q.cond:
             q.items.append((key, buf, n))
-            if q.thread is None or not q.thread.is_alive():
-                q.thread = threading.Thread(
+            q.threads = [t for t in q.threads if t.is_alive()]
+            if len(q.threads) < WRITERS and len(q.items) + q.writing > len(q.threads):
+                t = threading.Thread(
                     target=self._run, args=(q,), name="emberfs-cache-fill", daemon=True
                 )
-                q.thread.start()
-            q.cond.notify_all()
+                t.start()
+                q.threads.append(t)
+            q.cond.notify_all()  # a writer (waiters of wait() share the condition)
         return True
 
     def pause(self) -> None:
@@ -124,13 +128,14 @@ class FillQueue:
             with q.cond:
                 while not q.items:
                     q.cond.wait()
-                key, buf, n = q.items[0]
+                key, buf, n = q.items.popleft()
+                q.writing += 1
             try:
                 self._store(key, buf)
             finally:
                 self._release(buf)
                 with q.cond:
-                    q.items.popleft()
+                    q.writing -= 1
                     q.queued -= n
                     q.cond.notify_all()
 
@@ -141,7 +146,7 @@ class FillQueue:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with q.cond:
-            while q.items:
+            while q.items or q.writing:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False

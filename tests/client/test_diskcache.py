@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from emberfs.client.cacheentry import entry_size
 from emberfs.client.diskcache import DiskCache
 from emberfs.client.fs import EmberFileSystem
 from emberfs.proto import meta_pb2
@@ -232,7 +233,8 @@ def test_the_least_recently_used_chunks_are_evicted_to_keep_the_size_limit(
     files = {name: os.urandom(MiB) for name in "abcd"}  # one chunk each
     for name, data in files.items():
         fs.pipe_file(f"{base}/{name}", data)
-    entry = MiB + 16 * 4 + 20  # the bytes, a CRC per 64 KiB, the footer
+    entry = entry_size(MiB)  # the bytes, a CRC per 64 KiB, the footer, to a multiple of 4 KiB
+    assert entry == MiB + 4096
     limit = int(3.5 * entry)
     cfs = cached_fs(cluster, tmp_path / "cache", cache_size=limit)
     cache = cfs.client.cache
