@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -134,8 +135,7 @@ class DiskCache:
             allocate=self.buffers.get,
             release=self.buffers.put,
         )
-        self._seq = 0
-        self._seq_lock = threading.Lock()
+        self._seq = itertools.count(1)  # names of fills in tmp/ (no lock: one may cross a fork)
         # the fills and counts of a process are written out when it ends: atexit, and for a
         # multiprocessing child (a DataLoader worker), which ends without atexit, a finalizer
         atexit.register(self.close)
@@ -300,9 +300,7 @@ class DiskCache:
         if len(data) < key.length or size > self.limit:
             self.state.count(fill_skips=1)
             return False
-        with self._seq_lock:
-            self._seq += 1
-            tmp = os.path.join(self.tmp_dir, f"{os.getpid()}-{threading.get_ident()}-{self._seq}")
+        tmp = os.path.join(self.tmp_dir, f"{os.getpid()}-{threading.get_ident()}-{next(self._seq)}")
         linked = False
 
         def link(state: dict) -> None:
@@ -433,6 +431,14 @@ class DiskCache:
 
 _opened: dict[tuple[str, int], DiskCache] = {}
 _opened_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _opened_lock
+    _opened_lock = threading.Lock()  # a thread of the parent may have held it
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def open_cache(directory: str, size: int | str) -> DiskCache:

@@ -109,7 +109,7 @@ class FileIO:
         read = self._read_of(h)
         cache = self.cache
         key = None
-        if cache is not None and start % h.chunk_size == 0:
+        if cache is not None and h.chunk_size and start % h.chunk_size == 0:
             key = cache.key(h.attr, start // h.chunk_size, h.session_id)
             if key is not None and key.length != end - start:
                 key = None  # not one whole chunk
