@@ -32,7 +32,7 @@ def test_smoke_run_fills_in_epoch_one_and_reads_no_server_in_epoch_two(tmp_path)
     doc = json.loads(out.read_text())
     assert doc["dataset"] == {"shards": 4, "shard_bytes": 16 * MiB, "bytes": 64 * MiB}
     (rnd,) = doc["rounds"]
-    for kind in ("disk", "epoch1_none", "epoch1_cache", "epoch2"):
+    for kind in ("disk", "epoch1_none", "epoch1_cache", "epoch2", "warm_none", "warm_cache"):
         assert rnd[kind]["bytes"] == 64 * MiB and rnd[kind]["bytes_per_s"] > 0
         assert rnd[kind]["evicted_bytes"] >= 64 * MiB  # every copy's page cache was dropped
     assert rnd["epoch1_none"]["server_read_bytes"] >= 64 * MiB
@@ -46,5 +46,6 @@ def test_smoke_run_fills_in_epoch_one_and_reads_no_server_in_epoch_two(tmp_path)
     assert doc["targets"]["epoch2_server_reads"] == {"bytes": 0, "met": True}
     for key in ("epoch2_vs_disk", "epoch1_cache_vs_none"):
         assert doc["targets"][key]["ratio"]["median"] > 0
+    assert rnd["warm_cache"]["cache"]["fills"] == 16 and doc["cpu_s_per_gib"]["epoch2"] > 0
     assert "epoch 2 / local disk" in done.stdout
     assert "storage server bytes read in epoch 2" in done.stdout
