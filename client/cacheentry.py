@@ -109,19 +109,24 @@ def _crc_table(view: memoryview) -> bytes:
     )
 
 
-def write_entry(path: str, data, length: int) -> None:
+def write_entry(path: str, data, length: int, crcs: tuple | None = None) -> None:
     """Write the entry of ``data``'s first ``length`` bytes as the new file ``path``.
 
     ``data`` from :func:`new_buffer` is written in place; anything else is
-    copied into an aligned buffer first. Raises the OSError of a failure (a
-    full disk); ``path`` may then be left behind, part written.
+    copied into an aligned buffer first. ``crcs``, ``(CRC32Cs, block size)``
+    of the data known already, saves computing them when the blocks are
+    :data:`BLOCK` bytes. Raises the OSError of a failure (a full disk);
+    ``path`` may then be left behind, part written.
     """
     if not (isinstance(data, mmap.mmap) and len(data) >= padded(length)):
         buf = _scratch.get(length)
         buf[:length] = memoryview(data).cast("B")[:length]
         data = buf
     view = memoryview(data)
-    table = _crc_table(view[:length])
+    if crcs is not None and crcs[1] == BLOCK and len(crcs[0]) * 4 == table_size(length):
+        table = struct.pack(f"<{len(crcs[0])}I", *crcs[0])
+    else:
+        table = _crc_table(view[:length])
     total = entry_size(length)
     end = length + len(table)
     view[length:end] = table

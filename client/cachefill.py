@@ -48,7 +48,7 @@ class FillQueue:
     Parameters
     ----------
     store : callable
-        ``store(key, buffer) -> bool`` writes one entry (in the background thread).
+        ``store(key, buffer, crcs) -> bool`` writes one entry (in a background thread).
     count : callable
         ``count(**counts)`` counts skipped fills (``fill_skips=1``).
     directory : str
@@ -77,8 +77,11 @@ class FillQueue:
         self.limit = limit
         self._queues = PerProcess(_Queue)
 
-    def offer(self, key, data) -> bool:
-        """Copy ``data`` (the whole chunk of ``key``) to be written; False when skipped."""
+    def offer(self, key, data, crcs=None) -> bool:
+        """Copy ``data`` (the whole chunk of ``key``) to be written; False when skipped.
+
+        ``crcs`` goes along to ``store``.
+        """
         n = len(data)
         q = self._queues.get()
         with q.cond:
@@ -93,7 +96,7 @@ class FillQueue:
         buf = self._allocate(n)
         buf[:n] = data
         with q.cond:
-            q.items.append((key, buf, n))
+            q.items.append((key, buf, n, crcs))
             q.threads = [t for t in q.threads if t.is_alive()]
             if len(q.threads) < WRITERS and len(q.items) + q.writing > len(q.threads):
                 t = threading.Thread(
@@ -128,10 +131,10 @@ class FillQueue:
             with q.cond:
                 while not q.items:
                     q.cond.wait()
-                key, buf, n = q.items.popleft()
+                key, buf, n, crcs = q.items.popleft()
                 q.writing += 1
             try:
-                self._store(key, buf)
+                self._store(key, buf, crcs)
             finally:
                 self._release(buf)
                 with q.cond:

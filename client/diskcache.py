@@ -279,17 +279,19 @@ class DiskCache:
             log.warning("disk cache: could not remove %s: %s", path, exc)
 
     # filling -------------------------------------------------------------------------------
-    def offer(self, key: ChunkKey, data) -> bool:
+    def offer(self, key: ChunkKey, data, crcs: tuple | None = None) -> bool:
         """Keep ``data``, the whole chunk of ``key`` just read, without holding up the reader.
 
         It is copied (the caller may reuse its buffer at once) and written by
         a background thread (:class:`~emberfs.client.cachefill.FillQueue`);
-        False when skipped.
+        False when skipped. ``crcs``: ``(CRC32Cs, block size)`` of its blocks
+        as they arrived, checked, from the storage server (reused when the
+        blocks are the entry's).
         """
         self._user.get()
-        return self.fills.offer(key, data)
+        return self.fills.offer(key, data, crcs)
 
-    def store(self, key: ChunkKey, data) -> bool:
+    def store(self, key: ChunkKey, data, crcs: tuple | None = None) -> bool:
         """Write the entry of ``key`` now: True when the cache holds it afterwards.
 
         A fill that would pass the size limit first evicts the least recently
@@ -315,7 +317,7 @@ class DiskCache:
             linked = True
 
         try:
-            write_entry(tmp, data, key.length)
+            write_entry(tmp, data, key.length, crcs)
             self.state.update(link)
         except OSError as exc:
             self.fills.pause()

@@ -263,7 +263,8 @@ class FillingRead:
         if not self.pending.finish_into(out):
             return False
         if len(out) >= self.key.length:
-            self.cache.offer(self.key, out[: self.key.length])
+            # the block CRCs the bytes came with (and were checked against) go along
+            self.cache.offer(self.key, out[: self.key.length], crcs=self.pending.crcs)
         return True
 
     def cancel(self) -> None:

@@ -89,6 +89,26 @@ def test_a_second_read_comes_from_the_cache_and_never_reaches_a_storage_server(
     assert m["fill_errors"] == m["corrupt"] == m["evictions"] == 0
 
 
+def test_chunks_received_ahead_are_kept_with_the_checksums_they_came_with(cluster, fs, cfs, base):
+    data = os.urandom(16 * MiB)  # a readinto stream of whole chunks: reads sent ahead
+    fs.pipe_file(f"{base}/stream", data)
+
+    def stream() -> bytes:
+        out, buf = [], bytearray(4 * MiB)
+        with cfs.open(f"{base}/stream", "rb") as f:
+            while n := f.readinto(buf):
+                out.append(bytes(buf[:n]))
+        return b"".join(out)
+
+    assert stream() == data
+    cfs.client.cache.flush()
+    before = server_reads(cluster)
+    assert stream() == data
+    assert server_reads(cluster) == before
+    m = cfs.metrics()["disk_cache"]
+    assert (m["fills"], m["hits"], m["corrupt"]) == (4, 4, 0)
+
+
 def test_a_changed_file_is_never_served_from_the_cache(cluster, fs, cfs, base):
     path = f"{base}/f"
     cache = cfs.client.cache
