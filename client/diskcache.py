@@ -27,11 +27,15 @@ servers. :class:`DiskCache` owns that directory:
   oldest mtimes, down to 90 % of it, under an ``flock`` of ``state``, which
   also holds the bytes in use and the counters every process adds to.
 * **Fills never hold up a read.** :meth:`offer` copies a chunk just read into
-  a bounded buffer that a background thread writes out; when that buffer is
-  full, or the cache's file system nearly is, the fill is skipped
-  (``fill_skips``). A fill that fails (ENOSPC, EIO) is dropped and counted
-  (``fill_errors``), fills pause for a few seconds, and reads go on from the
-  cluster.
+  a bounded buffer that background threads write out
+  (:mod:`emberfs.client.cachefill`); when that buffer is full (the disk
+  writes slower than the cluster is read), or the cache's file system nearly
+  is, the fill is skipped (``fill_skips``) and a later epoch fills it. A fill
+  that fails (ENOSPC, EIO) is dropped and counted (``fill_errors``), fills
+  pause for a few seconds, and reads go on from the cluster.
+* **A hit costs what a read of the local disk does**: entries are read with
+  direct I/O into aligned buffers (:mod:`emberfs.client.cacheentry`), a
+  whole chunk straight into the readahead block that the reader copies from.
 
 Layout of the directory::
 
