@@ -102,7 +102,7 @@ TARGETS = [
     ("cat_vs_raw", "cat_file / raw ceiling", 0.8),
     ("read_vs_s3fs", "open().read() / s3fs open().read()", 2.0),
     ("cat_vs_s3fs", "cat_file / s3fs cat_file", 2.0),
-    ("write_vs_raw", "write R=3 / raw ceiling", 0.3),
+    ("write_vs_raw", "write R=3 / raw ceiling", 0.5),
     ("large_vs_small", "readinto largest file / smallest file", 0.9),
     ("parallel4_vs_one", "4 reader processes / 1", 1.0),
     ("stat_vs_ping", "stat / no-op gRPC (1 thread)", 0.7),

@@ -288,6 +288,16 @@ class EmberFileSystem(AbstractFileSystem):
 
     rename = mv
 
+    def exchange(self, path1: str, path2: str) -> None:
+        """Swap two existing entries (files or directories) in one atomic step.
+
+        The way to replace a non-empty directory, such as a checkpoint, whole:
+        write the new one beside it, exchange the two, remove the old one.
+        """
+        self.client.meta.rename(
+            self._strip_protocol(path1), self._strip_protocol(path2), exchange=True
+        )
+
     # opening ---------------------------------------------------------------------
     def _open_handle(self, path: str, flags: int) -> OpenHandle:
         return self.client.open(path, flags, mkdir=self.auto_mkdir)

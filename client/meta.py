@@ -561,8 +561,10 @@ class MetaClient:
             lambda r: r.removed,
         )
 
-    def rename(self, src: str, dst: str, no_replace: bool = False) -> common_pb2.InodeAttr:
+    def rename(self, src: str, dst: str, no_replace=False, exchange=False) -> common_pb2.InodeAttr:
+        """Move ``src`` to ``dst``; with ``exchange`` swap the two (both must exist)."""
         req = meta_pb2.RenameRequest(ctx=self.context(), src=src, dst=dst, no_replace=no_replace)
+        req.exchange = exchange
         return self.meta("Rename", req, src).attr
 
     def truncate(self, path: str, length: int, inode: int = 0) -> common_pb2.InodeAttr:

@@ -306,10 +306,13 @@ class EmberFuse:
     @fuse_errors
     def rename(self, old: str, new: str, flags: int = 0) -> int:
         self._writable()
-        if flags & RENAME_EXCHANGE:
-            raise OSError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         self.attrs.clear()  # names below a renamed directory move with it
-        self.meta.rename(old, new, no_replace=bool(flags & RENAME_NOREPLACE))
+        self.meta.rename(
+            old,
+            new,
+            no_replace=bool(flags & RENAME_NOREPLACE),
+            exchange=bool(flags & RENAME_EXCHANGE),
+        )
         self.attrs.clear()
         return 0
 

@@ -5,8 +5,10 @@ mount's open files (:mod:`emberfs.client.mountfiles`) write through a
 :class:`FileWriter`, built by :meth:`Client.writer <emberfs.client.core.Client.writer>`:
 
 * written bytes gather into one contiguous run that goes out as a chunk write
-  when it reaches a chunk boundary or stops being contiguous (bytes objects
-  that fill a chunk go out without a copy);
+  when it reaches a chunk boundary or stops being contiguous; the whole chunks
+  of a ``bytes`` object, or of any buffer of :data:`BORROW_MIN` bytes or more
+  (a tensor's storage that ``torch.save`` writes in one call), go out without
+  a copy, and a write of such a buffer returns once the chains hold it;
 * :class:`ChunkWrites` keeps at most ``write_depth`` chunk writes in flight,
   writes to one chunk in the order they were sent;
 * :meth:`FileWriter.flush` waits until the chains hold every write,
@@ -29,6 +31,9 @@ from typing import TYPE_CHECKING
 
 from emberfs.client.handles import OpenHandle, stale_session
 from emberfs.proto import common_pb2
+
+#: A write of a buffer this large (not ``bytes``) sends its whole chunks from the buffer itself.
+BORROW_MIN = 8 << 20
 
 if TYPE_CHECKING:
     from emberfs.client.core import Client
@@ -157,9 +162,12 @@ class FileWriter:
         self.check()
         if offset > self.size:
             self._grow_to(offset, path)
-        immutable = isinstance(data, bytes)
         mv = memoryview(data).cast("B")
         n = len(mv)
+        # whole chunks of bytes go out as they are; so do those of a large buffer of the
+        # caller's, which this call then waits for (no copy, and nothing read after return)
+        borrow = isinstance(data, bytes) or n >= BORROW_MIN
+        borrowed = False
         if self._pending and offset != self._pending_at + len(self._pending):
             self._send_pending()
         if not self._pending:
@@ -168,8 +176,9 @@ class FileWriter:
         while len(mv):
             end = self._pending_at + len(self._pending)
             room = (end // cs + 1) * cs - end
-            if not self._pending and immutable and len(mv) >= room:
+            if not self._pending and borrow and len(mv) >= room:
                 self._writes.send(self._pending_at, mv[:room])  # no copy of a whole piece
+                borrowed = True
                 self._pending_at += room
                 mv = mv[room:]
                 continue
@@ -178,6 +187,12 @@ class FileWriter:
             mv = mv[take:]
             if take == room:
                 self._send_pending()
+        if borrowed and not isinstance(data, bytes):  # the caller may reuse its buffer next
+            try:
+                self._writes.wait_all()
+            except BaseException:
+                self._writes.abandon()  # none still reads the buffer once this raises
+                raise
         self.dirty = True
         self._resize(max(self.size, offset + n))
         return n

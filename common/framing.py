@@ -168,12 +168,6 @@ def zeros_operator(n: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tables)
 
 
-def _combine_by_table(crc_a: int, crc_b: int, len_b: int) -> int:
-    t0, t1, t2, t3 = zeros_operator(len_b)
-    shifted = t0[crc_a & 0xFF] ^ t1[(crc_a >> 8) & 0xFF] ^ t2[(crc_a >> 16) & 0xFF]
-    return shifted ^ t3[crc_a >> 24] ^ crc_b
-
-
 def crc32c_combine(crc_a: int, crc_b: int, len_b: int) -> int:
     """CRC32C of ``A + B`` from ``crc32c(A)``, ``crc32c(B)`` and ``len(B)``.
 
@@ -202,10 +196,23 @@ def combine_crcs(crcs, block_size: int, data_len: int) -> int:
         return 0
     total = crcs[0]
     last = len(crcs) - 1
-    whole = _combine_by_table if block_size & (block_size - 1) == 0 else crc32c_combine
-    for i in range(1, last):
-        total = whole(total, crcs[i], block_size)
-    if last:
+    if data_len == (last + 1) * block_size:
+        last += 1  # the last block is whole: combined like the others
+    if block_size & (block_size - 1) == 0:
+        # the tables inline: a storage server combines every chunk it stages
+        t0, t1, t2, t3 = zeros_operator(block_size)
+        for i in range(1, last):
+            total = (
+                t0[total & 0xFF]
+                ^ t1[(total >> 8) & 0xFF]
+                ^ t2[(total >> 16) & 0xFF]
+                ^ t3[total >> 24]
+                ^ crcs[i]
+            )
+    else:
+        for i in range(1, last):
+            total = crc32c_combine(total, crcs[i], block_size)
+    if 0 < last < len(crcs):
         total = crc32c_combine(total, crcs[last], data_len - last * block_size)
     return total
 

@@ -347,16 +347,18 @@ class BatchRemoveResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[BatchRemoveResult, _Mapping]]] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("ctx", "src", "dst", "no_replace")
+    __slots__ = ("ctx", "src", "dst", "no_replace", "exchange")
     CTX_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     src: str
     dst: str
     no_replace: bool
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ...) -> None: ...
+    exchange: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ..., exchange: _Optional[bool] = ...) -> None: ...
 
 class RenameResponse(_message.Message):
     __slots__ = ("attr",)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -273,16 +274,16 @@ class ChunkFiles:
                 spare = self._spares.pop()
                 self._spare_total -= spare[1]
         path = self.path(inode, index, version, fid)
+        direct = self.direct_io and len(view) >= max(self.direct_min, _DIRECT_ALIGN)
         new_dir = False
         try:
             for attempt in range(3):
                 try:
                     if spare is not None:
                         os.rename(spare[0], path)
-                        fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+                        fd, direct = self._open(path, os.O_WRONLY, direct)
                     else:
-                        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-                        fd = os.open(path, flags, 0o644)
+                        fd, direct = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct)
                     break
                 except FileNotFoundError:
                     if attempt == 2:
@@ -298,8 +299,7 @@ class ChunkFiles:
                 self.remove_inode_dir(inode)  # no file could be made in it (no inode left)
             raise
         try:
-            direct = self.direct_io and len(view) >= self.direct_min
-            written = self._write_direct(path, view) if direct else 0
+            written = self._write_direct(fd, view) if direct else 0
             while written < len(view):
                 written += os.pwrite(fd, view[written:], written)
             if spare is not None and spare[1] > len(view):
@@ -321,23 +321,33 @@ class ChunkFiles:
             self._used += len(view)
         return path, fid
 
-    def _write_direct(self, path: Path, view: memoryview) -> int:
-        """Write the aligned head of ``view`` to the new file ``path`` with O_DIRECT.
+    def _open(self, path: Path, flags: int, direct: bool) -> tuple[int, bool]:
+        """Open ``path`` for writing, with ``O_DIRECT`` when ``direct``; (fd, whether direct).
+
+        One descriptor serves the whole write: :meth:`_write_direct` clears its
+        ``O_DIRECT`` for an unaligned tail. A file system that refuses direct
+        I/O turns it off for the target.
+        """
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        if direct:
+            try:
+                return os.open(path, flags | O_DIRECT, 0o644), True
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._direct_refused(exc)
+                flags &= ~os.O_EXCL  # the refused open may have made the file (its name is new)
+        return os.open(path, flags, 0o644), False
+
+    def _write_direct(self, fd: int, view: memoryview) -> int:
+        """Write the aligned head of ``view`` through the ``O_DIRECT`` descriptor ``fd``.
 
         Returns how many bytes it wrote from offset 0 (a multiple of the
-        alignment); the caller writes the rest through the page cache. A file
-        system that refuses direct I/O turns it off for the target.
+        alignment). When bytes are left, ``fd`` no longer has ``O_DIRECT``
+        and the caller writes them through the page cache. A file system
+        that refuses the direct write turns direct I/O off for the target.
         """
         n = len(view) - len(view) % _DIRECT_ALIGN
-        if n == 0:
-            return 0
-        try:
-            fd = os.open(path, os.O_WRONLY | O_DIRECT | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self._direct_refused(exc)
-            return 0
         written = 0
         try:
             src = _aligned(view[:n])
@@ -352,8 +362,8 @@ class ChunkFiles:
             if exc.errno != errno.EINVAL:
                 raise
             self._direct_refused(exc)
-        finally:
-            os.close(fd)
+        if written < len(view):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~O_DIRECT)
         return written
 
     def _direct_refused(self, exc: OSError) -> None:

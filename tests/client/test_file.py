@@ -184,6 +184,27 @@ def test_text_mode_and_bad_modes(fs, base):
         f.seek(0)
 
 
+def test_a_large_buffer_goes_out_from_itself_and_is_free_once_write_returns(fs, base, monkeypatch):
+    from emberfs.client.writer import BORROW_MIN
+
+    buf = bytearray(os.urandom(BORROW_MIN + 3 * MiB + 5))
+    want = bytes(buf)
+    borrowed = []
+    real = fs.client.files.submit_write
+
+    def tracking(h, offset, data):
+        borrowed.append(isinstance(data, memoryview) and data.obj is buf)
+        return real(h, offset, data)
+
+    monkeypatch.setattr(fs.client.files, "submit_write", tracking)
+    with fs.open(f"{base}/borrowed", "wb") as f:
+        f.write(b"x" * 100)  # up to the chunk boundary the buffer's bytes are copied
+        f.write(buf)
+        buf[:] = bytes(len(buf))  # the caller reuses its buffer as soon as write returns
+    assert fs.cat_file(f"{base}/borrowed") == b"x" * 100 + want
+    assert sum(borrowed) == (len(want) + 100) // (4 * MiB) - 1  # the whole chunks after the first
+
+
 def test_writes_in_flight_are_bounded(fs, base, monkeypatch):
     seen = []
     real = fs.client.files.submit_write

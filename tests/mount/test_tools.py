@@ -7,6 +7,7 @@ must agree.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import os
@@ -19,6 +20,8 @@ import pytest
 from emberfs.client.fs import EmberFileSystem
 
 pytestmark = pytest.mark.slow
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2(2) flags
 
 
 def sh(cmd: str, cwd=None) -> str:
@@ -391,3 +394,28 @@ def test_attribute_changes_keep_the_length_of_unsynced_writes(mdir, efs):
         os.close(fd)
     assert os.stat(p).st_size == len(payload)
     assert efs.cat_file(f"{remote}/grow") == payload
+
+
+def renameat2(old: str, new: str, flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd = -100
+    if libc.renameat2(at_fdcwd, old.encode(), at_fdcwd, new.encode(), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), old)
+
+
+def test_renameat2_exchange_and_noreplace(mdir, efs):
+    local, remote = mdir
+    for name, content in (("new", b"new checkpoint"), ("cur", b"current checkpoint")):
+        os.makedirs(f"{local}/{name}/shards")
+        with open(f"{local}/{name}/shards/0", "wb") as f:
+            f.write(content)
+    renameat2(f"{local}/new", f"{local}/cur", RENAME_EXCHANGE)
+    assert open(f"{local}/cur/shards/0", "rb").read() == b"new checkpoint"
+    assert open(f"{local}/new/shards/0", "rb").read() == b"current checkpoint"
+    assert efs.cat_file(f"{remote}/cur/shards/0") == b"new checkpoint"
+    with pytest.raises(FileExistsError):
+        renameat2(f"{local}/new", f"{local}/cur", RENAME_NOREPLACE)
+    with pytest.raises(FileNotFoundError):
+        renameat2(f"{local}/new", f"{local}/missing", RENAME_EXCHANGE)
+    assert sorted(os.listdir(local)) == ["cur", "new"]

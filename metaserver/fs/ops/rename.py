@@ -26,6 +26,11 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
     over a file gives NotADirectory, a file over a directory IsADirectory,
     and ``no_replace`` gives AlreadyExists. A directory cannot move into its
     own subtree (InvalidArgument); the root cannot move at all (Busy).
+
+    With ``exchange`` both names must exist and they swap (renameat2's
+    RENAME_EXCHANGE), whatever their types: one transaction, so a reader
+    sees either both old entries or both new ones. Neither may be an
+    ancestor of the other.
     """
     src = lookup.resolve_parent(op, req.src)
     attr = src.require(req.src)
@@ -40,6 +45,8 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
     if is_dir and any(a.inode == attr.inode for a in dst.parents):
         raise InvalidArgument(f"cannot move {req.src} into its own subtree {req.dst}")
     target = dst.attr
+    if req.exchange:
+        return exchange(op, src, dst, attr, req)
     if target is not None:
         if target.inode == attr.inode:
             return meta_pb2.RenameResponse(attr=attr)
@@ -58,4 +65,22 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
     op.put_dentry(dst_parent.inode, dst.name, attr)
     attr.ctime_ns = op.now
     op.put_inode(attr)
+    return meta_pb2.RenameResponse(attr=attr)
+
+
+def exchange(op: OpContext, src, dst, attr, req: meta_pb2.RenameRequest) -> meta_pb2.RenameResponse:
+    """Swap the entries ``src`` and ``dst`` of :func:`rename` (both checked for access)."""
+    target = dst.require(req.dst)
+    if req.no_replace:
+        raise InvalidArgument("exchange and no_replace exclude each other")
+    if target.inode == attr.inode:
+        return meta_pb2.RenameResponse(attr=attr)
+    access.check_sticky(dst.parent, target, op.creds)
+    if target.type == common_pb2.DIRECTORY and any(a.inode == target.inode for a in src.parents):
+        raise InvalidArgument(f"cannot move {req.dst} into its own subtree {req.src}")
+    op.put_dentry(src.parent.inode, src.name, target)
+    op.put_dentry(dst.parent.inode, dst.name, attr)
+    for moved in (attr, target):
+        moved.ctime_ns = op.now
+        op.put_inode(moved)
     return meta_pb2.RenameResponse(attr=attr)

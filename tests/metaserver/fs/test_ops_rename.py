@@ -138,3 +138,39 @@ def test_rename_over_hardlinked_file_keeps_inode(ns):
     assert ns.stat(meta_pb2.StatRequest(path="/g2")).attr.nlink == 1
     assert ino(ns, "/g2") == g
     assert gc_items(ns) == []
+
+
+# exchange (RENAME_EXCHANGE) ------------------------------------------------------------
+
+
+def test_exchange_swaps_non_empty_directories_and_frees_nothing(ns):
+    a, full = ino(ns, "/a"), ino(ns, "/full")
+    assert mv(ns, "/a", "/full", exchange=True).inode == a
+    assert ino(ns, "/full") == a and ino(ns, "/a") == full
+    assert exists(ns, "/full/b/c") and exists(ns, "/a/x")
+    assert gc_items(ns) == [] and ns.counts()["directories"] == 6
+
+
+def test_exchange_swaps_a_file_and_a_directory_across_parents(ns):
+    f, c = ino(ns, "/f"), ino(ns, "/a/b/c")
+    mv(ns, "/f", "/a/b/c", exchange=True)
+    assert ino(ns, "/a/b/c") == f and ino(ns, "/f") == c
+    assert (
+        ns.stat(meta_pb2.StatRequest(path="/f")).attr.type
+        == ns.stat(meta_pb2.StatRequest(path="/a")).attr.type
+    )  # a directory now
+
+
+def test_exchange_needs_both_names_and_no_ancestor(ns):
+    with pytest.raises(errors.NotFound):
+        mv(ns, "/f", "/nope", exchange=True)
+    with pytest.raises(errors.NotFound):
+        mv(ns, "/nope", "/f", exchange=True)
+    with pytest.raises(errors.InvalidArgument):  # /a would move under itself
+        mv(ns, "/a", "/a/b/c", exchange=True)
+    with pytest.raises(errors.InvalidArgument):  # so would /a, from the other side
+        mv(ns, "/a/b/c", "/a", exchange=True)
+    with pytest.raises(errors.InvalidArgument):
+        mv(ns, "/f", "/g", exchange=True, no_replace=True)
+    assert exists(ns, "/a/b/c") and exists(ns, "/f") and exists(ns, "/g")
+    assert mv(ns, "/f", "/f", exchange=True).inode == ino(ns, "/f")
