@@ -46,7 +46,7 @@ def command_parser(name: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def filesystem(args, paths: list[str]):
+def filesystem(args, paths: list[str], **options):
     from emberfs.client.fs import EmberFileSystem
     from emberfs.client.paths import meta_of_url
 
@@ -61,6 +61,7 @@ def filesystem(args, paths: list[str]):
         retry_timeout=args.timeout,
         rpc_timeout=max(args.timeout, 5.0),
         skip_instance_cache=True,
+        **options,
     )
 
 

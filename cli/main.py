@@ -38,6 +38,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "umount": ("emberfs.cli.mount", "main_umount", "unmount an EmberFS mount"),
     "bench": ("emberfs.cli.bench", "main", "benchmark throughput, latency and metadata rates"),
     "kvcache": ("emberfs.cli.kvcache", "main", "make, inspect and size KV caches for inference"),
+    "cache": ("emberfs.cli.cache", "main", "show or clear the local disk cache of file chunks"),
+    "warmup": ("emberfs.cli.cache", "main_warmup", "read files into the local disk cache"),
 }
 
 

@@ -82,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a call retries an unreachable metaserver before EIO (default 10)",
     )
     p.add_argument("--allow-other", action="store_true", help="let other users use the mount too")
+    p.add_argument(
+        "--cache-dir",
+        help="a local disk cache of the chunks read (default: $EMBERFS_CACHE_DIR or the config "
+        "file's cache_dir; '' for none)",
+    )
+    p.add_argument(
+        "--cache-size", help="what the disk cache holds at most, e.g. 100G (default 10G)"
+    )
     p.add_argument("--log", help="log file of the daemon (default: none)")
     p.add_argument("--debug", action="store_true", help="log every FUSE request (foreground)")
     return p
@@ -142,17 +150,23 @@ def _serve(args, notify: int | None) -> int:
         meta_timeout=args.meta_timeout,
         allow_other=args.allow_other,
     )
-    client = Client(
-        meta=args.meta or None,
-        token=args.token or None,
-        options=ClientOptions(
-            auto_mkdir=False,
-            readahead_depth=args.readahead_depth,
-            write_depth=args.write_depth,
-            retry_timeout=1e9 if args.on_outage == "block" else args.meta_timeout,
-            rpc_timeout=max(args.meta_timeout, 5.0),
-        ),
-    )
+    try:
+        client = Client(
+            meta=args.meta or None,
+            token=args.token or None,
+            options=ClientOptions(
+                auto_mkdir=False,
+                readahead_depth=args.readahead_depth,
+                write_depth=args.write_depth,
+                retry_timeout=1e9 if args.on_outage == "block" else args.meta_timeout,
+                rpc_timeout=max(args.meta_timeout, 5.0),
+                cache_dir=args.cache_dir,
+                cache_size=args.cache_size,
+            ),
+        )
+    except (OSError, ValueError) as exc:  # the disk cache cannot be used
+        _report(notify, getattr(exc, "strerror", None) or str(exc))
+        return EXIT_FAILED
     try:
         client.meta.statfs()
     except OSError as exc:

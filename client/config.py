@@ -11,6 +11,8 @@ file, then the default address. The config file is TOML, at
     admin = "http://127.0.0.1:9401"
     admin_token = "..."
     tls_ca = "/path/to/ca.pem"      # optional: the metaserver speaks TLS
+    cache_dir = "/var/cache/emberfs" # optional: a local disk cache of file chunks
+    cache_size = "100G"              # what it holds at most (default 10G)
 
 ``emberfs up`` writes one for the cluster it starts (readable by its owner only).
 """
@@ -24,9 +26,11 @@ from pathlib import Path
 CONFIG_ENV = "EMBERFS_CONFIG"
 META_ENV = "EMBERFS_META"
 TOKEN_ENV = "EMBERFS_TOKEN"
+CACHE_DIR_ENV = "EMBERFS_CACHE_DIR"
+CACHE_SIZE_ENV = "EMBERFS_CACHE_SIZE"
 DEFAULT_META = "127.0.0.1:9400"
 
-_KEYS = ("meta", "token", "admin", "admin_token", "tls_ca")
+_KEYS = ("meta", "token", "admin", "admin_token", "tls_ca", "cache_dir", "cache_size")
 
 
 def config_path() -> Path:
@@ -69,6 +73,15 @@ def default_meta() -> str:
 
 def default_token() -> str | None:
     return setting("token", TOKEN_ENV)
+
+
+def cache_settings(cache_dir: str | None, cache_size) -> tuple[str, str | int | None]:
+    """The disk cache's directory (``""``: none) and size, options first, then environment and file."""
+    if cache_dir is None:
+        cache_dir = setting("cache_dir", CACHE_DIR_ENV) or ""
+    if cache_size is None:
+        cache_size = setting("cache_size", CACHE_SIZE_ENV)
+    return cache_dir, cache_size
 
 
 def _quote(value: str) -> str:

@@ -22,11 +22,12 @@ the batch transfers (:mod:`emberfs.client.transfer`) are each built on a
 from __future__ import annotations
 
 from emberfs.client import config
+from emberfs.client.diskcache import DiskCache, open_cache
 from emberfs.client.fileio import FileIO
 from emberfs.client.handles import OpenHandle, WriteSessions, is_a_directory
 from emberfs.client.memory import keep_freed_memory
 from emberfs.client.meta import MetaClient
-from emberfs.client.options import ClientOptions
+from emberfs.client.options import DEFAULT_CACHE_SIZE, ClientOptions
 from emberfs.client.paths import parent
 from emberfs.client.runtime import ProcessRuntime, Runtime
 from emberfs.client.writer import FileWriter
@@ -64,7 +65,8 @@ class Client:
         if self.options.keep_memory:
             keep_freed_memory()
         self._processes = ProcessRuntime(self)
-        self.files = FileIO(self._processes)
+        self.cache = disk_cache(self.options)
+        self.files = FileIO(self._processes, self.cache)
         self.sessions = WriteSessions(self._processes)
 
     def runtime(self) -> Runtime:
@@ -104,9 +106,35 @@ class Client:
         """
         return FileWriter(self, handle, touched=touched, on_change=on_change)
 
+    def metrics(self) -> dict:
+        """What this client did in this process: ``{"disk_cache": counters or None}``.
+
+        The disk cache's counters (``hits``, ``hit_bytes``, ``misses``,
+        ``miss_bytes``, ``fills``, ``fill_bytes``, ``fill_skips``,
+        ``fill_errors``, ``evictions``, ``evicted_bytes``, ``corrupt``) count
+        this process's reads and fills, with its ``directory`` and ``limit``;
+        ``emberfs cache stats`` adds up every process's.
+        """
+        if self.cache is None:
+            return {"disk_cache": None}
+        counts = self.cache.counters()
+        return {
+            "disk_cache": {"directory": self.cache.directory, "limit": self.cache.limit, **counts}
+        }
+
     def close(self) -> None:
         """Release connections and threads (the client stays usable)."""
+        if self.cache is not None:
+            self.cache.close()
         self._processes.close()
 
     def __repr__(self) -> str:
         return f"Client({self.address!r})"
+
+
+def disk_cache(options: ClientOptions) -> DiskCache | None:
+    """The disk cache ``options`` ask for (or the environment or config file), or None."""
+    directory, size = config.cache_settings(options.cache_dir, options.cache_size)
+    if not directory:
+        return None
+    return open_cache(directory, DEFAULT_CACHE_SIZE if size is None else size)

@@ -21,6 +21,13 @@ them on the thread pool of the calling process's runtime, each straight into
 
 :class:`HandleReader` is the same for one handle, as the readahead caches
 (:mod:`emberfs.client.readahead`) ask for blocks.
+
+With a disk cache (:class:`~emberfs.client.diskcache.DiskCache`, the
+``cache_dir`` option) every read of a file it may keep goes through it, so
+the fsspec files, the batch reads and a FUSE mount share it: a chunk the cache
+holds is read from the local disk and never from a storage server; a whole
+chunk read from the cluster is handed to the cache to keep once the reader
+has it (:meth:`DiskCache.offer <emberfs.client.diskcache.DiskCache.offer>`).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from emberfs.client.handles import OpenHandle
 from emberfs.common.layout import chunk_chain, chunk_spans
 
 if TYPE_CHECKING:
+    from emberfs.client.diskcache import ChunkKey, DiskCache
     from emberfs.client.lanes import PendingRead
     from emberfs.client.runtime import ProcessRuntime, Runtime
 
@@ -61,10 +69,24 @@ class FileIO:
     ----------
     runtime : ProcessRuntime
         Gives the data client, thread pool and block pool of this process.
+    cache : DiskCache or None
+        The local disk cache that reads go through.
     """
 
-    def __init__(self, runtime: ProcessRuntime) -> None:
+    def __init__(self, runtime: ProcessRuntime, cache: DiskCache | None = None) -> None:
         self._runtime = runtime
+        self.cache = cache
+
+    def _read_of(self, h: OpenHandle):
+        """How a chunk read of ``h`` runs: through the disk cache when it may keep ``h``."""
+        cache = self.cache
+        if cache is None or cache.key(h.attr, 0, h.session_id) is None:
+            return read_chunk
+
+        def cached(rt: Runtime, h: OpenHandle, io: ChunkIO) -> None:
+            read_through(cache, rt, h, io)
+
+        return cached
 
     def reader(self, h: OpenHandle) -> HandleReader:
         """The reads of ``h`` for its readahead cache."""
@@ -73,20 +95,40 @@ class FileIO:
     def submit_into(self, h: OpenHandle, start: int, view: memoryview) -> list[Future]:
         """Start parallel chunk reads filling ``view`` with the file bytes at ``start``."""
         rt = self._runtime.get()
-        return [rt.executor.submit(read_chunk, rt, h, io) for io in read_ios(h, start, view)]
+        read = self._read_of(h)
+        return [rt.executor.submit(read, rt, h, io) for io in read_ios(h, start, view)]
 
     def submit_block(self, h: OpenHandle, start: int, end: int) -> Future:
-        """A future of a bytearray with the file bytes [start, end) (one task).
+        """A future of a buffer with the file bytes [start, end) (one task).
 
-        The buffer comes from the runtime's :class:`~emberfs.client.buffers.BlockPool`;
-        :meth:`release_block` gives it back.
+        The buffer comes from the runtime's :class:`~emberfs.client.buffers.BlockPool`,
+        or for a whole chunk the disk cache holds, from the cache (read into it
+        without a copy); :meth:`release_block` gives it back.
         """
         rt = self._runtime.get()
+        read = self._read_of(h)
+        cache = self.cache
+        key = None
+        if cache is not None and h.chunk_size and start % h.chunk_size == 0:
+            key = cache.key(h.attr, start // h.chunk_size, h.session_id)
+            if key is not None and key.length != end - start:
+                key = None  # not one whole chunk
 
-        def fetch() -> bytearray:
+        def fetch():
+            if key is not None:
+                block = cache.read_block(key)  # a hit lands in a buffer of the cache's own
+                if block is not None:
+                    return block
+                cache.missed(key.length)
             buf = rt.blocks.get(end - start)
-            for io in read_ios(h, start, memoryview(buf)):
-                read_chunk(rt, h, io)
+            view = memoryview(buf)
+            for io in read_ios(h, start, view):
+                if key is None:
+                    read(rt, h, io)
+                else:
+                    read_chunk(rt, h, io)
+            if key is not None:
+                cache.offer(key, view)
             return buf
 
         return rt.executor.submit(fetch)
@@ -101,10 +143,19 @@ class FileIO:
             return None
         s = spans[0]
         io = ChunkIO(chunk_chain(h.chains, s.index), h.inode, s.index, s.chunk_offset, s.length)
-        return self._runtime.get().data.start_read(io)
+        key = None if self.cache is None else self.cache.key(h.attr, s.index, h.session_id)
+        if key is not None and self.cache.contains(key):
+            return None  # fetched instead, from the cache
+        pending = self._runtime.get().data.start_read(io)
+        if pending is None or key is None:
+            return pending
+        self.cache.missed(io.length)
+        return FillingRead(pending, self.cache, key) if s.chunk_offset == 0 else pending
 
     def release_block(self, buf) -> None:
         """Take back a block buffer of :meth:`submit_block` that nobody uses any more."""
+        if self.cache is not None and self.cache.release(buf):
+            return
         rt = self._runtime.current()
         if rt is not None:
             rt.blocks.put(buf)
@@ -180,6 +231,44 @@ def read_chunk(rt: Runtime, h: OpenHandle, io: ChunkIO) -> None:
         rt.data.read(io)
     except ChunkLost as lost:
         raise explain_lost(rt.meta, h, lost) from None
+
+
+def read_through(cache: DiskCache, rt: Runtime, h: OpenHandle, io: ChunkIO) -> None:
+    """A chunk read of ``h`` from ``cache``, or from the cluster and then kept in ``cache``."""
+    key = cache.key(h.attr, io.index, h.session_id)
+    if key is None:
+        read_chunk(rt, h, io)
+        return
+    if cache.read_into(key, io.offset, io.buf):
+        return
+    cache.missed(io.length)
+    read_chunk(rt, h, io)
+    if io.offset == 0 and io.length >= key.length:
+        cache.offer(key, io.buf[: key.length])
+
+
+class FillingRead:
+    """A read sent ahead (:class:`~emberfs.client.lanes.PendingRead`) of a whole chunk whose
+    bytes the disk cache keeps once they are received."""
+
+    __slots__ = ("pending", "cache", "key")
+
+    def __init__(self, pending: PendingRead, cache: DiskCache, key: ChunkKey) -> None:
+        self.pending = pending
+        self.cache = cache
+        self.key = key
+
+    def finish_into(self, out: memoryview) -> bool:
+        """Receive the chunk into ``out`` (see ``PendingRead.finish_into``), then offer it."""
+        if not self.pending.finish_into(out):
+            return False
+        if len(out) >= self.key.length:
+            # the block CRCs the bytes came with (and were checked against) go along
+            self.cache.offer(self.key, out[: self.key.length], crcs=self.pending.crcs)
+        return True
+
+    def cancel(self) -> None:
+        self.pending.cancel()
 
 
 def write_batch(rt: Runtime, batch: list[tuple[Future, ChunkIO]]) -> None:

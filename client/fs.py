@@ -95,6 +95,16 @@ class EmberFileSystem(AbstractFileSystem):
     interceptors : tuple, default ()
         gRPC client interceptors wrapped around the metaserver channels
         (tracing, or faults injected by tests).
+    cache_dir : str or None, default None
+        A local disk cache of the chunks read (``docs/client.md``): repeated
+        reads of an unchanged file come from it, never from the storage
+        servers; shared by the processes of a machine that name it. None
+        takes ``EMBERFS_CACHE_DIR``, then the config file; ``""``: no cache.
+        A directory that cannot be written raises an OSError naming it.
+    cache_size : int, str or None, default None
+        What the disk cache holds at most (``"20G"`` too; the least recently
+        used chunks are evicted); None takes ``EMBERFS_CACHE_SIZE``, then the
+        config file, then 10 GiB.
     """
 
     protocol = PROTOCOLS
@@ -119,6 +129,8 @@ class EmberFileSystem(AbstractFileSystem):
     session_renew_interval = ClientOptions.session_renew_interval
     keep_memory = ClientOptions.keep_memory
     interceptors = ClientOptions.interceptors
+    cache_dir = ClientOptions.cache_dir
+    cache_size = ClientOptions.cache_size
 
     def __init__(
         self, meta: str | None = None, token: str | None = None, tls_ca: str | None = None, **kwargs
@@ -137,6 +149,10 @@ class EmberFileSystem(AbstractFileSystem):
     def close(self) -> None:
         """Release connections and threads (the instance stays usable)."""
         self.client.close()
+
+    def metrics(self) -> dict:
+        """This process's client counters (the disk cache's), as ``Client.metrics``."""
+        return self.client.metrics()
 
     @property
     def fsid(self) -> str:

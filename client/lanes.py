@@ -80,7 +80,7 @@ class PendingRead:
     :meth:`finish_into` or :meth:`cancel`.
     """
 
-    __slots__ = ("_lanes", "lane", "chunk", "length", "state", "answer")
+    __slots__ = ("_lanes", "lane", "chunk", "length", "state", "answer", "crcs")
 
     def __init__(self, lanes: ReadLanes, lane: _Lane, chunk: tuple[int, int, int], length: int):
         self._lanes = lanes
@@ -89,6 +89,7 @@ class PendingRead:
         self.length = length
         self.state = _SENT
         self.answer: tuple | None = None  # (header, meta, crcs, data) when kept
+        self.crcs: tuple | None = None  # (block CRC32Cs, block size) of the bytes received
 
     def finish_into(self, out: memoryview) -> bool:
         """Receive the answer into ``out`` (``length`` bytes); True when it is all there.
@@ -167,6 +168,7 @@ class PendingRead:
         except framing.ChecksumError:
             self._lanes.pool.mark_bad(self.lane.address)
             return False
+        self.crcs = (crcs, block_size)
         return True
 
     def _use(self, out: memoryview) -> bool:

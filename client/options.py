@@ -52,6 +52,15 @@ class ClientOptions:
     interceptors : tuple
         gRPC client interceptors wrapped around the metaserver channels
         (tracing, or faults injected by tests).
+    cache_dir : str or None
+        Directory of the local disk cache of file chunks
+        (:mod:`emberfs.client.diskcache`); None takes ``EMBERFS_CACHE_DIR``,
+        then the client config file's ``cache_dir``; ``""`` (or nothing set
+        anywhere) reads without one.
+    cache_size : int, str or None
+        Bytes the disk cache may hold (``"20G"`` too); None takes
+        ``EMBERFS_CACHE_SIZE``, then the config file's ``cache_size``, then
+        :data:`DEFAULT_CACHE_SIZE`.
     """
 
     readahead_depth: int = 8
@@ -71,12 +80,17 @@ class ClientOptions:
     session_renew_interval: float = 60.0
     keep_memory: bool = False
     interceptors: tuple = ()
+    cache_dir: str | None = None
+    cache_size: int | str | None = None
 
     @classmethod
     def of(cls, source) -> ClientOptions:
         """The options as the attributes of ``source`` (a filesystem, its class's defaults) set them."""
         return cls(**{f.name: getattr(source, f.name, f.default) for f in dataclasses.fields(cls)})
 
+
+#: what the disk cache holds at most when no size is given
+DEFAULT_CACHE_SIZE = 10 * 1024**3
 
 #: the option names a filesystem's ``__init__`` takes as keyword arguments
 TUNABLES = tuple(f.name for f in dataclasses.fields(ClientOptions))

@@ -62,7 +62,7 @@ class Layout(_message.Message):
     def __init__(self, chunk_size: _Optional[int] = ..., stripe: _Optional[int] = ..., seed: _Optional[int] = ..., chain_table: _Optional[_Iterable[int]] = ..., chains: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InodeAttr(_message.Message):
-    __slots__ = ("inode", "type", "mode", "uid", "gid", "size", "mtime_ns", "ctime_ns", "crtime_ns", "nlink", "layout", "symlink_target", "holes")
+    __slots__ = ("inode", "type", "mode", "uid", "gid", "size", "mtime_ns", "ctime_ns", "crtime_ns", "nlink", "layout", "symlink_target", "holes", "data_version", "writers", "unversioned")
     INODE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,9 @@ class InodeAttr(_message.Message):
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
     HOLES_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WRITERS_FIELD_NUMBER: _ClassVar[int]
+    UNVERSIONED_FIELD_NUMBER: _ClassVar[int]
     inode: int
     type: FileType
     mode: int
@@ -89,7 +92,10 @@ class InodeAttr(_message.Message):
     layout: Layout
     symlink_target: str
     holes: _containers.RepeatedCompositeFieldContainer[ByteRange]
-    def __init__(self, inode: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., crtime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[str] = ..., holes: _Optional[_Iterable[_Union[ByteRange, _Mapping]]] = ...) -> None: ...
+    data_version: int
+    writers: int
+    unversioned: bool
+    def __init__(self, inode: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., crtime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[str] = ..., holes: _Optional[_Iterable[_Union[ByteRange, _Mapping]]] = ..., data_version: _Optional[int] = ..., writers: _Optional[int] = ..., unversioned: _Optional[bool] = ...) -> None: ...
 
 class ByteRange(_message.Message):
     __slots__ = ("start", "end")

@@ -1,11 +1,11 @@
 """The index of the KV cache block store: which slot of which slab holds a key's block.
 
-A KV cache (:mod:`emberfs.kvcache`) is a directory of slab files, made and
-sized by the client, whose blocks sit at fixed slots; this module keeps the
-index from keys to slots in the metadata store, so every inference server
-that opens the cache shares it, and changes it in batches (one transaction
-per call, or per :attr:`KVIndex.per_txn` keys on a store with transaction
-limits).
+A KV cache (:mod:`emberfs.kvcache`) is a directory of slab files, made and sized by the
+client, whose blocks sit at fixed slots; this module keeps the index from keys to slots in the
+metadata store, so every inference server that opens the cache shares it, and changes it in
+batches (one transaction per call, or per :attr:`KVIndex.per_txn` keys on a store with
+transaction limits). Slabs are written without write sessions: making a cache marks them
+``unversioned`` so that no client's disk cache keeps their bytes.
 
 An entry is ``key -> (slot, generation, crc, length, stamp, state)``:
 
@@ -18,19 +18,17 @@ An entry is ``key -> (slot, generation, crc, length, stamp, state)``:
   gets its own pending entries back, and a retried commit finds its entries
   committed, so both are idempotent without a request table. A pending entry
   whose writer went away is taken over after :data:`~.entries.PENDING_TIMEOUT_NS`.
-* a **lookup** (``Lookup``) returns each key's slot, generation and CRC; the
-  reader checks the CRC of the bytes it read, so a slot reused for another
-  key while it read (evicted, then written) is a miss, never another key's
-  block.
+* a **lookup** (``Lookup``) returns each key's slot, generation and CRC; the reader checks the
+  CRC of the bytes it read, so a slot reused for another key while it read (evicted, then
+  written) is a miss, never another key's block.
 * **slots** come from the slots given back, the writer's own slab, slabs with slots never
   handed out, then the least recently used entries, evicted (:mod:`.slots`).
 
 A cache whose directory is removed leaves its index behind; the leader's
 sweep (:meth:`KVIndex.sweep_removed`) deletes it a slice at a time.
 
-Counters (hits, misses, bytes, evictions, blocks stored) live in
-:data:`~.entries.STAT_SHARDS` keys per cache, one picked at random per transaction,
-so that concurrent calls rarely conflict on them.
+Counters (hits, misses, bytes, evictions, blocks stored) live in :data:`~.entries.STAT_SHARDS`
+keys per cache, one picked at random per transaction, so concurrent calls rarely conflict on them.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ from emberfs.common.errors import (
     Unavailable,
 )
 from emberfs.common.kvgeometry import slab_bytes, slab_capacity, slab_count
-from emberfs.metaserver.fs import access, records
+from emberfs.metaserver.fs import access, dataversion, records
 from emberfs.metaserver.fs.opcontext import Credentials
 from emberfs.metaserver.kvcache.entries import (
     MAX_BATCH,
@@ -196,6 +194,8 @@ class KVIndex:
                 raise InvalidArgument(f"slab {inode} has chunks of {attr.layout.chunk_size} bytes")
             if attr.size < slab_bytes(geometry, slab_capacity(geometry, n)):
                 raise InvalidArgument(f"slab {inode} is shorter than its slots")
+            if dataversion.mark_unversioned(attr):
+                txn.put(keys.inode_key(inode), records.encode_inode(attr))
 
     def open(
         self, creds: Credentials, directory: common_pb2.InodeAttr, path: str

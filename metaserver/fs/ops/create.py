@@ -12,7 +12,7 @@ from __future__ import annotations
 import stat
 
 from emberfs.common.errors import AlreadyExists, IsADirectory
-from emberfs.metaserver.fs import access, dirlayout, lookup
+from emberfs.metaserver.fs import access, dataversion, dirlayout, lookup
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
@@ -48,6 +48,7 @@ def insert(
         attr.mode &= ~stat.S_ISGID
     if file_type == common_pb2.FILE:
         attr.layout.CopyFrom(chosen)
+        dataversion.changed(attr, op.now)
     elif file_type == common_pb2.DIRECTORY:
         attr.nlink = 2
     op.put_dentry(parent.inode, name, attr)

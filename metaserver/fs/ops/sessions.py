@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from emberfs.common import extents
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound, PermissionDenied
-from emberfs.metaserver.fs import access, lookup, records
+from emberfs.metaserver.fs import access, dataversion, lookup, records
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.fs.ops import create, remove, stat
 from emberfs.metaserver.store import keys
@@ -100,10 +100,11 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
         op.cut_chunks(attr, 0)
         extents.resize(attr, 0, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
-        op.put_inode(attr)
     elif not created:
         op.before_growth(attr.inode)  # its writes must not land before a pending cut
     session_id = op.add_session(attr.inode)
+    dataversion.writer_opened(attr, op.now)  # readers' caches step aside until it ends
+    op.put_inode(attr)
     return meta_pb2.OpenResponse(attr=attr, session_id=session_id, created=created)
 
 
@@ -171,6 +172,7 @@ def sync(op: OpContext, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
     extents.resize(attr, req.length, hole=False)
     attr.mtime_ns = req.mtime_ns or op.now
     attr.ctime_ns = op.now
+    dataversion.changed(attr, op.now)
     op.put_inode(attr)
     return meta_pb2.SyncResponse(attr=attr)
 
@@ -186,9 +188,11 @@ def close(op: OpContext, req: meta_pb2.CloseRequest) -> meta_pb2.CloseResponse:
             op.before_growth(attr.inode)
         extents.resize(attr, req.length, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
+    # even a session that reports no write may have sent chunks (a writer that died)
+    dataversion.writer_closed(attr, op.now)
     if attr.nlink == 0 and not others:
         remove.discard(op, attr)
-    elif req.wrote:
+    else:
         op.put_inode(attr)
     return meta_pb2.CloseResponse(attr=attr)
 

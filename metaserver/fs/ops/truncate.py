@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from emberfs.common import extents
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
-from emberfs.metaserver.fs import access, lookup
+from emberfs.metaserver.fs import access, dataversion, lookup
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.fs.ops import sessions
 from emberfs.proto import common_pb2, meta_pb2
@@ -39,5 +39,6 @@ def truncate(op: OpContext, req: meta_pb2.TruncateRequest) -> meta_pb2.TruncateR
         op.before_growth(attr.inode)
     extents.resize(attr, req.length, hole=True)  # growing leaves a hole that reads as zeros
     attr.mtime_ns = attr.ctime_ns = op.now
+    dataversion.changed(attr, op.now)
     op.put_inode(attr)
     return meta_pb2.TruncateResponse(attr=attr)
