@@ -279,22 +279,12 @@ def direct_range(files: OpenFiles, key: tuple[str, int, int], req, target) -> tu
     return (name, start, target.numel() * target.element_size())
 
 
-class ItemHeader(io.RawIOBase):
-    """An item read for its header: its first and last bytes held, any other range fetched."""
+class SeekableReader(io.RawIOBase):
+    """A seekable, read-only file of ``length`` bytes; subclasses read into ``b`` at :attr:`pos`."""
 
-    EDGE = 64 * 1024
-
-    def __init__(self, files: OpenFiles, key: tuple[str, int, int]) -> None:
+    def __init__(self, length: int) -> None:
         super().__init__()
-        self.files, (self.name, self.offset, self.length) = files, key
-        self.pos = 0
-        head_n = min(self.EDGE, self.length)
-        tail_n = min(self.EDGE, self.length - head_n)
-        self.head, self.tail = bytearray(head_n), bytearray(tail_n)
-        files.read_into((self.name, self.offset, head_n), memoryview(self.head))
-        if tail_n:
-            at = self.offset + self.length - tail_n
-            files.read_into((self.name, at, tail_n), memoryview(self.tail))
+        self.length, self.pos = length, 0
 
     def readable(self) -> bool:
         return True
@@ -306,10 +296,43 @@ class ItemHeader(io.RawIOBase):
         return self.pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[
-            whence
-        ] + offset
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self.pos = base + offset
         return self.pos
+
+
+class ViewReader(SeekableReader):
+    """A file over a buffer: what ``torch.load`` reads an item from."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(len(view))
+        self.view = view
+
+    def readinto(self, b) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), len(self.view) - self.pos))
+        out[:n] = self.view[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+class ItemHeader(SeekableReader):
+    """An item read for its header: its first and last bytes held, any other range fetched."""
+
+    EDGE = 64 * 1024
+
+    def __init__(self, files: OpenFiles, key: tuple[str, int, int]) -> None:
+        super().__init__(key[2])
+        self.files, self.name, self.offset = files, key[0], key[1]
+        head_n = min(self.EDGE, self.length)
+        tail_n = min(self.EDGE, self.length - head_n)
+        self.head, self.tail = bytearray(head_n), bytearray(tail_n)
+        files.read_into((self.name, self.offset, head_n), memoryview(self.head))
+        if tail_n:
+            at = self.offset + self.length - tail_n
+            files.read_into((self.name, at, tail_n), memoryview(self.tail))
 
     def readinto(self, b) -> int:
         out = memoryview(b).cast("B")
@@ -344,37 +367,6 @@ class OpenFiles:
         if offset + len(view) > handle.size:
             raise EOFError(f"{self.directory}/{name} ends before byte {offset + len(view)}")
         wait_all(self.client.files.submit_into(handle, offset, view))
-
-
-class ViewReader(io.RawIOBase):
-    """A seekable, read-only file over a buffer: what ``torch.load`` reads an item from."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self.view, self.pos = view, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.view)}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self.pos = base + offset
-        return self.pos
-
-    def readinto(self, b) -> int:
-        out = memoryview(b).cast("B")
-        n = max(0, min(len(out), len(self.view) - self.pos))
-        out[:n] = self.view[self.pos : self.pos + n]
-        self.pos += n
-        return n
 
 
 class ItemFetcher:
