@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import urllib.request
 import uuid
 
 import pytest
 
+from benchmarks.epochs import server_read_bytes
 from emberfs.cli.processes import emberfs_command
 from emberfs.client.fs import EmberFileSystem
 
@@ -54,17 +54,6 @@ def tree(cluster):
     finally:
         fs.rm(base, recursive=True)
         fs.close()
-
-
-def server_read_bytes(cluster) -> float:
-    """Chunk bytes the storage servers sent to readers so far (their metrics)."""
-    total = 0.0
-    for i in range(cluster.storage_servers):
-        with urllib.request.urlopen(cluster.storage_metrics_url(i), timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("emberfs_storage_read_bytes_total"):
-                    total += float(line.split()[-1])
-    return total
 
 
 def test_warmup_fills_the_cache_so_a_job_reads_nothing_from_the_servers(

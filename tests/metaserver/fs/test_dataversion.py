@@ -10,26 +10,9 @@ from emberfs.metaserver.clustermgr.grace import Grace
 from emberfs.metaserver.fs.namespace import Namespace
 from emberfs.metaserver.kvcache.service import KVCacheCalls
 from emberfs.proto import common_pb2, kvcache_pb2, meta_pb2
+from tests.metaserver.fs.test_ops_sessions_lease import SECOND, TIMEOUT, WRITE, Clock
 
 pytestmark = pytest.mark.timeout(60)
-
-SECOND = 10**9
-TIMEOUT = 30.0
-WRITE = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000 * SECOND
-
-    def __call__(self) -> int:
-        return self.now
-
-    def seconds(self) -> float:
-        return self.now / SECOND
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * SECOND)
 
 
 @pytest.fixture
