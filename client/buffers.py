@@ -82,6 +82,11 @@ class BlockPool:
         self._kept = 0
         self._lock = threading.Lock()
 
+    @property
+    def kept(self) -> int:
+        """Bytes of the buffers kept for reuse."""
+        return self._kept
+
     def get(self, n: int) -> bytearray:
         """A bytearray of ``n`` bytes (old content: the caller overwrites all of it)."""
         with self._lock:

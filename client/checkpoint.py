@@ -47,6 +47,7 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.planner import LoadItemType
 
+from emberfs.client.buffers import BlockPool
 from emberfs.client.chunkio import wait_all
 from emberfs.client.paths import strip_protocol
 from emberfs.proto import meta_pb2
@@ -199,8 +200,8 @@ class CheckpointReader(FsspecReader):
             ]
             for req, target in fetched:
                 self.load_item(planner, req, target, ViewReader(fetcher.take(self.key(req))))
-            for req, target, done in reads:
-                done.result()
+            for req, target, read in reads:
+                read.result()
                 planner.commit_tensor(req, target)
         finally:
             fetcher.close()
@@ -386,8 +387,7 @@ class ItemFetcher:
         self.started: dict[tuple, Future] = {}
         self.next = 0  # index in order of the next range to start
         self.held = 0  # bytes started and not yet taken for the last time
-        self.spare: dict[int, list[bytearray]] = {}  # reusable buffers by length
-        self.spare_bytes = 0  # at most ahead of them
+        self.spare = BlockPool(ahead)  # reusable buffers by length, at most ahead of them
         self.lent: bytearray | None = None  # the buffer of the range taken last
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="emberfs-ckpt")
@@ -396,12 +396,7 @@ class ItemFetcher:
     def start(self, key) -> Future:
         fut = self.started.get(key)
         if fut is None:
-            spares = self.spare.get(key[2])
-            if spares:
-                buf = spares.pop()
-                self.spare_bytes -= len(buf)
-            else:
-                buf = bytearray(key[2])
+            buf = self.spare.get(key[2])
             fut = self.started[key] = self.pool.submit(self.read, key, buf)
             self.held += key[2]
         return fut
@@ -421,9 +416,8 @@ class ItemFetcher:
     def take(self, key) -> memoryview:
         with self.lock:
             lent, self.lent = self.lent, None
-            if lent is not None and self.spare_bytes + len(lent) <= self.ahead:
-                self.spare.setdefault(len(lent), []).append(lent)  # the caller is done with it
-                self.spare_bytes += len(lent)
+            if lent is not None:
+                self.spare.put(lent)  # the caller is done with it
             fut = self.start(key)
         buf = fut.result()
         with self.lock:
