@@ -3,6 +3,7 @@
 # test, debootstrap for the container base image and the etcd server for the metadata store's
 # etcd engine and the tests with several metaservers. Installs them with apt-get when running as
 # root on Debian; elsewhere it says what is missing and the tests that need them skip.
+# Then the inference engines of tests/engines.txt, with pip and without their dependency trees.
 #
 # With EMBERFS_REQUIRE_ALL_TESTS set (as .ci/run does) nothing may be left out: the script exits
 # non-zero when it cannot install what is missing, and when the Docker engine the container tests
@@ -59,4 +60,14 @@ if [ "$require_all" = 1 ]; then
             "(tests/deploy) may not skip" >&2
         exit 1
     fi
+fi
+
+engines="$(dirname "$0")/../tests/engines.txt"
+if ! python -m pip install -q --no-deps -r "$engines"; then
+    if [ "$require_all" = 1 ]; then
+        echo "test-deps: could not install the engines of tests/engines.txt;" \
+            "EMBERFS_REQUIRE_ALL_TESTS is set, so the KV cache engine tests may not skip" >&2
+        exit 1
+    fi
+    echo "test-deps: could not install the engines of tests/engines.txt; their tests will skip" >&2
 fi
