@@ -29,3 +29,12 @@ def make_cache(fs):
             cache.destroy()
         except FileNotFoundError:
             pass
+
+
+@pytest.fixture
+def kv_path(fs):
+    """A cache directory no other test uses, removed afterwards."""
+    path = f"/kv-backend-{uuid.uuid4().hex[:12]}"
+    yield path
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
