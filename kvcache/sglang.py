@@ -3,13 +3,16 @@
 SGLang's hierarchical cache keeps KV pages in GPU memory, then in a host
 memory pool, then in a storage backend (its "L3"). This module is such a
 backend over a :class:`~emberfs.kvcache.store.KVCache`: each page is one
-block of the cache, so every inference server that opens the same cache
-directory shares the pages the others wrote.
+block of the cache (two, keys and values, where the host layout keeps them
+apart), so every inference server that opens the same cache directory
+shares the pages the others wrote. It needs SGLang 0.5.10 or later (the
+pool-transfer calls of hybrid models); it is tested with 0.5.23.
 
 SGLang loads it as a dynamic backend::
 
     python -m sglang.launch_server --model-path <model> --page-size 64 \\
-      --enable-hierarchical-cache --hicache-storage-backend dynamic \\
+      --enable-hierarchical-cache --hicache-mem-layout page_first \\
+      --hicache-storage-backend dynamic \\
       --hicache-storage-backend-extra-config '{"backend_name": "emberfs",
         "module_path": "emberfs.kvcache.sglang", "class_name": "EmberHiCacheStorage",
         "emberfs_meta": "10.0.0.1:9400", "emberfs_path": "/kvcache/llama-70b",
@@ -26,209 +29,111 @@ arguments of the factory, when it passes some, override them):
     The client token. Default: ``EMBERFS_TOKEN`` or the client config.
 ``emberfs_path``
     The cache directory (or an ``emberfs://HOST:PORT/path`` URL). Default
-    ``/kvcache/sglang``.
+    ``/kvcache/sglang``. Each further pool of a hybrid model (Mamba states,
+    sliding-window KV, indexer) has a cache of its own, ``PATH.POOL``.
 ``emberfs_capacity``
-    Bytes the cache holds when this backend makes it. Default 64 GiB.
+    Bytes each cache holds when this backend makes it. Default 64 GiB.
 ``emberfs_block_size``
-    Bytes of a block when this backend makes the cache. Default: one page
-    of the host pool (known once SGLang registers it), else the largest
-    page of the first write.
+    Bytes of a block when this backend makes the KV cache. Default: a
+    block of the host pool's pages (:mod:`emberfs.kvcache.hostpages`),
+    known once SGLang registers it, else the largest page of the first write.
 ``emberfs_create``
-    Make the cache when it is missing (default true). With false, a
-    missing cache is a cache that misses every page and stores none.
+    Make the caches when missing (default true). With false, a missing
+    cache is a cache that misses every page and stores none.
 
-Keys are SGLang's page hashes with a suffix naming the model and the part of
-it the rank holds, as SGLang's own file backend names its files: the model
-name, the tensor-parallel rank and size (not for MLA models, whose ranks hold
-the same KV), the pipeline stage when there are several, the context-parallel
-rank when there are several. The host layout is named too, since a flat page
-keeps its bytes in the order of the host layout. So ranks never read each
-other's pages.
+Keys are SGLang's page hashes with a suffix naming the model, the part of
+it the rank holds, the host layout and the KV dtype
+(:func:`~emberfs.kvcache.hostpages.key_suffix`,
+:func:`~emberfs.kvcache.hostpages.pool_suffix`), so ranks, and servers whose
+pools differ, never read each other's pages.
 
 Storage errors (an unreachable metaserver, lost chunks) are logged and count
 as misses and failed writes, as the reference backend's do; a page larger
 than the cache's blocks raises ValueError.
-
-When SGLang is installed, :class:`EmberHiCacheStorage` subclasses its
-``HiCacheStorage`` (the dynamic factory checks ``issubclass``) and
-:meth:`~EmberHiCacheStorage.get_stats` returns its ``StorageMetrics``. When it
-is not (nor torch), the class subclasses a stand-in defined here with the same
-method names, and pages may be any buffer (numpy arrays, bytearrays).
 """
 
 from __future__ import annotations
 
-import abc
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import torch
 
 from emberfs.client.fs import EmberFileSystem
 from emberfs.client.paths import meta_of_url, strip_protocol
+from emberfs.kvcache.hostpages import (
+    FLAT,
+    PagePlan,
+    key_suffix,
+    page_plan,
+    page_regions,
+    page_slots,
+    page_source,
+    page_target,
+    sized,
+)
 from emberfs.kvcache.store import KVCache, PutStatus
 
 try:
-    import torch
-except ImportError:  # pages are then numpy arrays or other buffers
-    torch = None
+    from sglang.srt.mem_cache.hicache_storage import (
+        HiCacheStorage,
+        PoolHitPolicy,
+        PoolName,
+        PoolTransferResult,
+    )
+except ImportError as exc:  # pragma: no cover - the module is SGLang's plug-in
+    raise ImportError(
+        "emberfs.kvcache.sglang is a storage backend of SGLang (0.5.10 or later): "
+        f"install SGLang to use it ({exc})"
+    ) from exc
 
 try:
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
-except ImportError:
-
-    class HiCacheStorage(abc.ABC):
-        """A stand-in of SGLang's ``HiCacheStorage``, used when SGLang is not installed.
-
-        The same methods and defaults: the zero-copy and pool-transfer calls
-        raise NotImplementedError, :meth:`batch_exists` asks :meth:`exists`
-        key by key.
-        """
-
-        def register_mem_pool_host(self, mem_pool_host) -> None:
-            self.mem_pool_host = mem_pool_host
-
-        def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
-            if not hasattr(self, "registered_pools"):
-                self.registered_pools = {}
-            self.registered_pools[host_pool_name] = host_pool
-
-        def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
-            raise NotImplementedError
-
-        def batch_get_v2(self, transfers, extra_info=None):
-            raise NotImplementedError
-
-        def batch_set_v2(self, transfers, extra_info=None):
-            raise NotImplementedError
-
-        def batch_get_v1(self, keys, host_indices, extra_info=None) -> list[bool]:
-            raise NotImplementedError
-
-        def batch_set_v1(self, keys, host_indices, extra_info=None) -> list[bool]:
-            raise NotImplementedError
-
-        @abc.abstractmethod
-        def get(self, key, target_location=None, target_sizes=None): ...
-
-        @abc.abstractmethod
-        def batch_get(self, keys, target_locations=None, target_sizes=None): ...
-
-        @abc.abstractmethod
-        def set(self, key, value=None, target_location=None, target_sizes=None) -> bool: ...
-
-        @abc.abstractmethod
-        def batch_set(
-            self, keys, values=None, target_locations=None, target_sizes=None
-        ) -> bool: ...
-
-        @abc.abstractmethod
-        def exists(self, key) -> bool: ...
-
-        def batch_exists(self, keys, extra_info=None) -> int:
-            for i, key in enumerate(keys):
-                if not self.exists(key):
-                    return i
-            return len(keys)
-
-        def clear(self) -> None:  # noqa: B027 (a no-op by default, as in SGLang)
-            pass
-
-        def get_stats(self):
-            return None
-
-
-try:
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+except ImportError:  # SGLang before 0.5.10 kept it there
     from sglang.srt.metrics.collector import StorageMetrics
-except ImportError:
-
-    @dataclass
-    class StorageMetrics:
-        """A stand-in of SGLang's ``StorageMetrics``: per batch since the last report."""
-
-        prefetch_pgs: list[int] = field(default_factory=list)
-        backup_pgs: list[int] = field(default_factory=list)
-        prefetch_bandwidth: list[float] = field(default_factory=list)  # GB/s
-        backup_bandwidth: list[float] = field(default_factory=list)  # GB/s
-
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/kvcache/sglang"
 DEFAULT_CAPACITY = 64 << 30
-
-
-def key_suffix(storage_config) -> str:
-    """What :class:`EmberHiCacheStorage` appends to a page hash: the model and the rank's part.
-
-    Parameters
-    ----------
-    storage_config : HiCacheStorageConfig or None
-        SGLang's storage config (any object with its attributes); None adds nothing.
-    """
-    if storage_config is None:
-        return ""
-    parts = []
-    model = getattr(storage_config, "model_name", None)
-    if model:
-        parts.append(str(model).replace("/", "-"))
-    if not getattr(storage_config, "is_mla_model", False):
-        parts.append(f"{storage_config.tp_rank}_{storage_config.tp_size}")
-    pp_size = getattr(storage_config, "pp_size", 1) or 1
-    if pp_size > 1:
-        parts.append(f"{pp_size}_{storage_config.pp_rank}")
-    cp_size = getattr(storage_config, "attn_cp_size", 1) or 1
-    if cp_size > 1:
-        parts.append(f"cp{storage_config.attn_cp_rank}_{cp_size}")
-    if getattr(storage_config, "is_page_first_layout", False):
-        parts.append("pagefirst")
-    return "".join(f"_{p}" for p in parts)
-
-
-def page_source(value) -> memoryview:
-    """The bytes of a page to store, without a copy when it is contiguous host memory.
-
-    A torch tensor is viewed as bytes through numpy (a tensor in device
-    memory is copied to the host first, a non-contiguous one made
-    contiguous); any other object must offer the buffer protocol.
-    """
-    if torch is not None and isinstance(value, torch.Tensor):
-        tensor = value.detach()
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
-    view = memoryview(value)
-    if not view.contiguous:
-        view = memoryview(view.tobytes())
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def page_target(target) -> memoryview:
-    """A writable byte view of a page buffer to read into (a contiguous host tensor or buffer)."""
-    if torch is not None and isinstance(target, torch.Tensor):
-        if target.device.type != "cpu" or not target.is_contiguous():
-            raise ValueError("a page target must be a contiguous tensor in host memory")
-        return memoryview(target.detach().reshape(-1).view(torch.uint8).numpy())
-    view = memoryview(target)
-    if view.readonly or not view.contiguous:
-        raise ValueError("a page target must be a writable contiguous buffer")
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _sized(view: memoryview, sizes, i: int) -> memoryview:
-    if sizes is None or sizes[i] is None:
-        return view
-    size = int(sizes[i])
-    if size > len(view):
-        raise ValueError(f"page {i}: a size of {size} bytes for a buffer of {len(view)}")
-    return view[:size]
+_RESTORABLE = "restorable_prefix_pages" in {f.name for f in dataclasses.fields(PoolTransferResult)}
 
 
 def _flag(value) -> bool:
     if isinstance(value, str):
         return value.strip().lower() not in ("", "0", "false", "no", "off")
     return bool(value)
+
+
+@dataclass
+class PageStore:
+    """Where the pages of one host pool go: a cache, the pool, how its pages are stored."""
+
+    name: str
+    cache: KVCache | None
+    suffix: str  # of the rank and, once the pool is known, of its layout and dtype
+    pool: object | None = None
+    plan: PagePlan | None = None
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return self.plan.parts if self.plan is not None else FLAT
+
+    def names(self, keys: Sequence[str]) -> list[str]:
+        """The blocks' keys of the pages of ``keys``, page by page."""
+        return [f"{k}{part}{self.suffix}" for k in keys for part in self.parts]
+
+    def split(self, view: memoryview) -> list[memoryview]:
+        """The blocks of a flat page (one block unless it is a whole page of a split plan)."""
+        n = len(self.parts)
+        if n == 1 or len(view) != self.plan.page_bytes:
+            return [view]
+        size = len(view) // n
+        return [view[i * size : (i + 1) * size] for i in range(n)]
 
 
 class EmberHiCacheStorage(HiCacheStorage):
@@ -247,28 +152,23 @@ class EmberHiCacheStorage(HiCacheStorage):
     Attributes
     ----------
     cache : KVCache or None
-        The cache, None while it is missing (and not yet made).
+        The KV cache, None while it is missing (and not yet made).
+    stores : dict of str to PageStore
+        The further pools of a hybrid model, by SGLang's pool name.
     fs : EmberFileSystem
         The filesystem instance of this backend (closed by :meth:`close`).
-    suffix : str
-        What every page hash gets appended (:func:`key_suffix`).
 
     Notes
     -----
-    ``get`` and ``batch_get`` read straight into their targets (SGLang's
-    dummy pages, tensors in host memory); ``set`` and ``batch_set`` write
-    from a byte view of the page, with no copy for a contiguous host tensor.
-
     ``batch_get_v1`` / ``batch_set_v1`` (SGLang uses them with
-    ``"interface_v1": 1``) move pages through the host pool's
-    ``get_data_page`` and ``set_from_flat_data_page``: a write stores the
-    page the pool hands out, a read fills a dummy page that the pool then
-    copies into its slots, which is one host copy per page read (the
-    reference backend's generic path does the same). They cannot read into
-    the pool's slots directly: a page of the usual page-first layout is two
-    separate regions (keys, values) and a block is read into one buffer.
-    The ``*_v2`` pool-transfer calls (hybrid models) are left to the base
-    class, which raises NotImplementedError.
+    ``"interface_v1": 1``) and the ``*_v2`` calls of hybrid models read
+    straight into the host pool's pages and write straight from them where
+    the layout keeps a page in one or two regions; other layouts go through
+    the pool's flat page, one host copy per page read, as SGLang's
+    reference backends do. ``get`` and ``batch_get`` read straight into
+    their targets; ``set`` and ``batch_set`` write from a byte view of the
+    page. A flat page of a split layout is stored as its two blocks, so the
+    calls share pages whichever SGLang uses.
     """
 
     def __init__(self, storage_config=None, kwargs: dict | None = None) -> None:
@@ -284,75 +184,260 @@ class EmberHiCacheStorage(HiCacheStorage):
         block_size = settings.get("emberfs_block_size")
         self.block_size = int(block_size) if block_size else None
         self.create_missing = _flag(settings.get("emberfs_create", True))
-        self.suffix = key_suffix(storage_config)
         self.metrics_enabled = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._lock = threading.Lock()
         self._metrics = StorageMetrics()
-        self.cache: KVCache | None = None
+        self.kv = PageStore(str(PoolName.KV), None, key_suffix(storage_config))
+        self.stores: dict[str, PageStore] = {}
         self._open(self.block_size)
 
-    # the cache ------------------------------------------------------------------------------
+    # the caches -----------------------------------------------------------------------------
+    @property
+    def cache(self) -> KVCache | None:
+        return self.kv.cache
+
+    @property
+    def suffix(self) -> str:
+        """What every page hash gets appended in the KV cache."""
+        return self.kv.suffix
+
     def _open(self, block_size: int | None) -> KVCache | None:
-        """The cache, opened on first need (made with ``block_size`` when missing)."""
-        cache = self.cache
+        """The KV cache, opened on first need (made with ``block_size`` when missing)."""
+        cache = self.kv.cache
         if cache is not None:
             return cache
         with self._lock:
-            if self.cache is None:
+            if self.kv.cache is None:
                 size = (self.block_size or block_size) if self.create_missing else None
-                self.cache = KVCache.open_or_create(
+                self.kv.cache = KVCache.open_or_create(
                     self.path, block_size=size, capacity=self.capacity, fs=self.fs
                 )
-            return self.cache
+            return self.kv.cache
 
-    def _key(self, key: str) -> str:
-        return f"{key}{self.suffix}"
+    def _check(self, store: PageStore, path: str) -> None:
+        """Refuse a pool whose blocks do not fit the blocks of its cache."""
+        cache, plan = store.cache, store.plan
+        if cache is not None and plan.block_bytes > cache.block_size:
+            raise ValueError(
+                f"a page of the host pool {store.name!r} takes {plan.block_bytes} bytes per "
+                f"block, a block of the KV cache at {path} {cache.block_size}"
+            )
 
     def register_mem_pool_host(self, mem_pool_host) -> None:
-        """Take SGLang's host pool; make the cache with blocks of one of its pages if missing.
+        """Take SGLang's KV host pool; make the cache with blocks of its pages if missing.
 
-        Raises ValueError when a page is larger than the blocks of the cache.
+        Raises ValueError when a block of a page is larger than the blocks of the cache.
         """
         super().register_mem_pool_host(mem_pool_host)
-        self.mem_pool_host = mem_pool_host
-        page = len(page_source(mem_pool_host.get_dummy_flat_data_page()))
-        cache = self._open(page)
-        if cache is not None and page > cache.block_size:
-            raise ValueError(
-                f"a page of the host pool takes {page} bytes, a block of the KV cache at "
-                f"{self.path} {cache.block_size}"
-            )
+        plan = page_plan(mem_pool_host)
+        self.kv.pool, self.kv.plan = mem_pool_host, plan
+        self.kv.suffix = key_suffix(self.storage_config) + plan.suffix
+        self._open(plan.block_bytes)
+        self._check(self.kv, self.path)
+        log.info(
+            "EmberFS HiCache storage at %s: pages of %d bytes as %d block(s), %s",
+            self.path,
+            plan.page_bytes,
+            len(plan.parts),
+            "in place" if plan.direct else "through the flat page",
+        )
 
-    # reads ----------------------------------------------------------------------------------
-    def _read(self, keys: Sequence[str], views: list[memoryview]) -> list[bool]:
-        """Read the pages of ``keys`` into ``views``; per key whether it was read whole."""
-        cache = self._open(None)
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
+        """Take a further host pool of a hybrid model; make its cache, ``PATH.POOL``, if missing."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = str(host_pool_name)
+        if name == str(PoolName.KV):
+            self.register_mem_pool_host(host_pool)
+            return
+        plan = page_plan(host_pool)
+        path = f"{self.path}.{name}"
+        size = (self.block_size or plan.block_bytes) if self.create_missing else None
+        cache = KVCache.open_or_create(path, block_size=size, capacity=self.capacity, fs=self.fs)
+        # Mamba states are split over the tensor-parallel ranks even of an MLA model
+        sharded = name == str(PoolName.MAMBA)
+        suffix = key_suffix(self.storage_config, sharded=sharded) + plan.suffix
+        store = PageStore(name, cache, suffix, host_pool, plan)
+        self._check(store, path)
+        self.stores[name] = store
+
+    def _cache_of(self, store: PageStore, block_size: int | None = None) -> KVCache | None:
+        """The cache of ``store``; the KV cache is opened (or made with ``block_size``) on need."""
+        return self._open(block_size) if store.name == self.kv.name else store.cache
+
+    def _store(self, name) -> PageStore | None:
+        name = str(name)
+        return self.kv if name == str(PoolName.KV) else self.stores.get(name)
+
+    # moving blocks ----------------------------------------------------------------------------
+    def _read(self, store: PageStore, keys: Sequence[str], views: list[memoryview]) -> list[bool]:
+        """Read the blocks of the pages of ``keys`` into ``views``; per page whether it is whole."""
+        cache = self._cache_of(store)
         if cache is None or not keys:
             return [False] * len(keys)
-        names = [self._key(k) for k in keys]
         start = time.perf_counter()
         try:
-            got = cache.batch_get(names, into=views)  # a block larger than its target misses
+            got = cache.batch_get(store.names(keys), into=views)
         except OSError as exc:
             log.warning(
-                "reading %d pages from the KV cache %s failed: %s", len(keys), self.path, exc
+                "reading %d pages from the KV cache %s failed: %s", len(keys), store.name, exc
             )
             return [False] * len(keys)
-        # a block shorter than its target is a page of another layout: a miss
-        hits = [n is not None and n == len(v) for n, v in zip(got, views, strict=True)]
+        # a block longer or shorter than its target is a page of another layout: a miss
+        whole = [n is not None and n == len(v) for n, v in zip(got, views, strict=True)]
+        n = len(store.parts)
+        hits = [all(whole[i * n : (i + 1) * n]) for i in range(len(keys))]
         self._record(
             "prefetch",
             sum(hits),
-            sum(len(v) for v, hit in zip(views, hits, strict=True) if hit),
+            sum(len(v) for v, w in zip(views, whole, strict=True) if w),
             start,
         )
         return hits
 
-    def _new_page(self):
-        """A page to read into when the caller gives none: a dummy page of the host pool."""
-        pool = self.mem_pool_host
-        return None if pool is None else pool.get_dummy_flat_data_page()
+    def _write(self, store: PageStore, keys: Sequence[str], views: list[memoryview]) -> list[bool]:
+        """Store the blocks ``views`` of the pages of ``keys``; per page whether it is stored."""
+        if not keys:
+            return []
+        cache = self._cache_of(store, max(len(v) for v in views))
+        if cache is None:
+            return [False] * len(keys)
+        start = time.perf_counter()
+        try:
+            statuses = cache.batch_put(store.names(keys), views)
+        except OSError as exc:
+            log.warning(
+                "writing %d pages to the KV cache %s failed: %s", len(keys), store.name, exc
+            )
+            return [False] * len(keys)
+        n = len(store.parts)
+        stored = sum(len(v) for v, s in zip(views, statuses, strict=True) if s == PutStatus.STORED)
+        pages = [all(s.present for s in statuses[i * n : (i + 1) * n]) for i in range(len(keys))]
+        self._record("backup", sum(pages), stored, start)
+        return pages
 
+    def _get_pages(self, store: PageStore, keys: list[str], slots: list[int]) -> list[bool]:
+        """Read the pages of ``keys`` into the pool's pages at ``slots``."""
+        pool, plan = store.pool, store.plan
+        if plan.direct:
+            views = [v for slot in slots for v in page_regions(pool, plan, slot)]
+            return self._read(store, keys, views)
+        pages = [pool.get_dummy_flat_data_page() for _ in keys]
+        hits = self._read(store, keys, [page_target(p) for p in pages])
+        for slot, page, hit in zip(slots, pages, hits, strict=True):
+            if hit:
+                pool.set_from_flat_data_page(slot, page)
+        return hits
+
+    def _set_pages(self, store: PageStore, keys: list[str], slots: list[int]) -> list[bool]:
+        """Store the pool's pages at ``slots`` under ``keys``."""
+        pool, plan = store.pool, store.plan
+        if plan.direct:
+            views = [v for slot in slots for v in page_regions(pool, plan, slot)]
+        else:
+            views = [page_source(pool.get_data_page(slot, flat=True)) for slot in slots]
+        return self._write(store, keys, views)
+
+    def _registered(self) -> PageStore:
+        if self.kv.pool is None:
+            raise RuntimeError("no host pool registered (register_mem_pool_host)")
+        return self.kv
+
+    # the v1 interface: pages of the KV host pool -----------------------------------------------
+    def batch_get_v1(self, keys: Sequence[str], host_indices, extra_info=None) -> list[bool]:
+        """Read the pages of ``keys`` into the KV host pool's slots ``host_indices``.
+
+        ``host_indices`` holds ``page_size`` slots per key; page ``i`` goes to
+        the page from ``host_indices[i * page_size]``. Returns per key whether
+        it was read (``extra_info`` is not used).
+        """
+        store = self._registered()
+        keys = list(keys)
+        return self._get_pages(store, keys, page_slots(keys, host_indices, store.pool.page_size))
+
+    def batch_set_v1(self, keys: Sequence[str], host_indices, extra_info=None) -> list[bool]:
+        """Store the pages at the KV host pool's slots ``host_indices`` under ``keys``.
+
+        Returns per key whether it is stored (``extra_info`` is not used).
+        """
+        store = self._registered()
+        keys = list(keys)
+        return self._set_pages(store, keys, page_slots(keys, host_indices, store.pool.page_size))
+
+    # the v2 interface: the pools of hybrid models ------------------------------------------
+    def _transfer(self, transfer, move) -> list[bool]:
+        keys = list(transfer.keys or [])
+        store = self._store(transfer.name)
+        if store is None or store.pool is None:
+            log.warning("no host pool %r registered: %d pages not moved", transfer.name, len(keys))
+            return [False] * len(keys)
+        page_size = getattr(store.pool, "page_size", 1) or 1
+        try:
+            slots = page_slots(keys, transfer.host_indices, page_size)
+        except ValueError as exc:
+            log.error("pool %s: %s", transfer.name, exc)
+            return [False] * len(keys)
+        return move(store, keys, slots)
+
+    def batch_get_v2(self, transfers, extra_info=None) -> dict[str, list[bool]]:
+        """Read each transfer's pages into its pool; per pool name, per key whether it was read."""
+        return {t.name: self._transfer(t, self._get_pages) for t in transfers}
+
+    def batch_set_v2(self, transfers, extra_info=None) -> dict[str, list[bool]]:
+        """Store each transfer's pages of its pool; per pool name, per key whether it is stored."""
+        return {t.name: self._transfer(t, self._set_pages) for t in transfers}
+
+    def batch_exists_v2(self, keys: Sequence[str], pool_transfers=None, extra_info=None):
+        """The longest prefix of ``keys`` whose pages every pool can restore.
+
+        The KV pages' stored prefix, cut by each pool as its hit policy says:
+        ``ALL_PAGES`` needs the pool's page of every page of the prefix,
+        ``TRAILING_PAGES`` those of the prefix's last ``len(transfer.keys)``
+        pages. A pool of another policy (block groups) gives no verdict and
+        does not cut. A pool not registered cuts the prefix to nothing.
+        """
+        keys = list(keys)
+        kv_pages = self.batch_exists(keys)
+        hit_count: dict = {PoolName.KV: kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for transfer in pool_transfers or []:
+            if not restorable:
+                break
+            store = self._store(transfer.name)
+            if store is None or store.cache is None:
+                restorable = set()
+                break
+            present = self._contains(store, keys[:kv_pages])
+            if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = present.index(False) if False in present else kv_pages
+                mine = set(range(1, boundary + 1))
+            elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                trailing = max(1, len(transfer.keys or ()))
+                mine = {n for n in range(1, kv_pages + 1) if all(present[max(0, n - trailing) : n])}
+                boundary = max(mine, default=0)
+            else:
+                continue
+            if boundary:
+                hit_count[transfer.name] = boundary
+            restorable &= mine
+        ordered = sorted(restorable)
+        final = ordered[-1] if ordered else 0
+        if _RESTORABLE:
+            return PoolTransferResult(final, hit_count, ordered)
+        return PoolTransferResult(final, hit_count)
+
+    def _contains(self, store: PageStore, keys: list[str]) -> list[bool]:
+        """Per page of ``keys`` whether each of its blocks is stored."""
+        if not keys:
+            return []
+        try:
+            found = store.cache.contains(store.names(keys))
+        except OSError as exc:
+            log.warning("looking up pages in the KV cache %s failed: %s", store.name, exc)
+            return [False] * len(keys)
+        n = len(store.parts)
+        return [all(found[i * n : (i + 1) * n]) for i in range(len(keys))]
+
+    # the generic interface: pages in caller buffers ----------------------------------------
     def get(self, key: str, target_location=None, target_sizes=None):
         """The page of ``key``, or None when it is not stored.
 
@@ -363,8 +448,7 @@ class EmberHiCacheStorage(HiCacheStorage):
         target_location : tensor or buffer, optional
             Host memory to read the page into; it is returned on a hit.
             Without it, a dummy page of the registered host pool is filled
-            and returned; without a pool either, a uint8 tensor (a
-            ``bytearray`` where torch is not installed).
+            and returned; without a pool either, a new uint8 tensor.
         target_sizes : int, optional
             Bytes of the target to use (default: all of it).
         """
@@ -385,69 +469,43 @@ class EmberHiCacheStorage(HiCacheStorage):
         """
         keys = list(keys)
         targets = list(target_locations) if target_locations is not None else None
-        if targets is None and self.mem_pool_host is not None:
-            targets = [self._new_page() for _ in keys]
+        if targets is None and self.kv.pool is not None:
+            targets = [self.kv.pool.get_dummy_flat_data_page() for _ in keys]
         if targets is None:
             return self._get_new(keys)
         if len(targets) != len(keys):
             raise ValueError("batch_get needs one target per key")
-        views = [_sized(page_target(t), target_sizes, i) for i, t in enumerate(targets)]
-        hits = self._read(keys, views)
+        views = [sized(page_target(t), target_sizes, i) for i, t in enumerate(targets)]
+        hits = self._pages(keys, views, self._read)
         return [t if hit else None for t, hit in zip(targets, hits, strict=True)]
 
+    def _pages(self, keys: list[str], views: list[memoryview], move) -> list[bool]:
+        """Move flat pages: whole pages of a split layout as their blocks, others as one block."""
+        split = [len(self.kv.split(v)) > 1 for v in views]
+        result = [False] * len(keys)
+        whole = PageStore(self.kv.name, None, self.kv.suffix)
+        for store, pick in ((self.kv, True), (whole, False)):
+            chosen = [i for i, s in enumerate(split) if s == pick]
+            if chosen:
+                blocks = [b for i in chosen for b in store.split(views[i])]
+                moved = move(store, [keys[i] for i in chosen], blocks)
+                for i, ok in zip(chosen, moved, strict=True):
+                    result[i] = ok
+        return result
+
     def _get_new(self, keys: list[str]) -> list:
-        """Pages as new buffers (no target, no host pool)."""
+        """Pages as new uint8 tensors (no target, no host pool)."""
         cache = self._open(None)
         if cache is None or not keys:
             return [None] * len(keys)
         try:
-            got = cache.batch_get([self._key(k) for k in keys])
+            got = cache.batch_get([f"{k}{self.suffix}" for k in keys])
         except OSError as exc:
             log.warning(
                 "reading %d pages from the KV cache %s failed: %s", len(keys), self.path, exc
             )
             return [None] * len(keys)
-        if torch is None:
-            return got
         return [None if b is None else torch.frombuffer(b, dtype=torch.uint8) for b in got]
-
-    def batch_get_v1(self, keys: Sequence[str], host_indices, extra_info=None) -> list[bool]:
-        """Read the pages of ``keys`` into the host pool's slots ``host_indices``.
-
-        ``len(host_indices)`` is ``len(keys)`` times the page size; page
-        ``i`` goes to the slots from ``host_indices[i * page_size]``. Returns
-        per key whether it was read (``extra_info`` is not used).
-        """
-        pool, step = self._pool_pages(keys, host_indices)
-        pages = [pool.get_dummy_flat_data_page() for _ in keys]
-        hits = self._read(list(keys), [page_target(p) for p in pages])
-        for i, hit in enumerate(hits):
-            if hit:
-                pool.set_from_flat_data_page(host_indices[i * step], pages[i])
-        return hits
-
-    # writes ---------------------------------------------------------------------------------
-    def _write(self, keys: Sequence[str], views: list[memoryview]) -> list[bool]:
-        """Store ``views`` under ``keys``; per key whether it is stored (by this or another writer)."""
-        if not keys:
-            return []
-        cache = self._open(max(len(v) for v in views))
-        if cache is None:
-            return [False] * len(keys)
-        start = time.perf_counter()
-        try:
-            statuses = cache.batch_put([self._key(k) for k in keys], views)
-        except OSError as exc:
-            log.warning("writing %d pages to the KV cache %s failed: %s", len(keys), self.path, exc)
-            return [False] * len(keys)
-        stored = [s == PutStatus.STORED for s in statuses]
-        self._record(
-            "backup",
-            sum(stored),
-            sum(len(v) for v, s in zip(views, stored, strict=True) if s),
-            start,
-        )
-        return [s.present for s in statuses]
 
     def set(self, key: str, value=None, target_location=None, target_sizes=None) -> bool:
         """Store one page; True when it is stored (a page stored already stays: the first wins).
@@ -489,62 +547,34 @@ class EmberHiCacheStorage(HiCacheStorage):
         pages = list(pages)
         if len(pages) != len(keys):
             raise ValueError("batch_set needs one page per key")
-        views = [_sized(page_source(p), target_sizes, i) for i, p in enumerate(pages)]
-        return all(self._write(keys, views))
-
-    def batch_set_v1(self, keys: Sequence[str], host_indices, extra_info=None) -> list[bool]:
-        """Store the pages in the host pool's slots ``host_indices`` under ``keys``.
-
-        Page ``i`` is the flat data page from ``host_indices[i * page_size]``.
-        Returns per key whether it is stored (``extra_info`` is not used).
-        """
-        pool, step = self._pool_pages(keys, host_indices)
-        views = [
-            page_source(pool.get_data_page(host_indices[i * step], flat=True))
-            for i in range(len(keys))
-        ]
-        return self._write(list(keys), views)
-
-    def _pool_pages(self, keys: Sequence[str], host_indices):
-        """The host pool and the slots of a page, for a v1 call."""
-        pool = self.mem_pool_host
-        if pool is None:
-            raise RuntimeError("no host pool registered (register_mem_pool_host)")
         if not keys:
-            return pool, 0
-        step, rest = divmod(len(host_indices), len(keys))
-        if rest or not step:
-            raise ValueError(f"{len(host_indices)} host slots for {len(keys)} pages")
-        return pool, step
+            return True
+        views = [sized(page_source(p), target_sizes, i) for i, p in enumerate(pages)]
+        return all(self._pages(keys, views, self._write))
 
     # lookups and upkeep ---------------------------------------------------------------------
     def exists(self, key: str) -> bool:
-        """Whether the page of ``key`` is stored."""
-        cache = self._open(None)
-        if cache is None:
-            return False
-        try:
-            return cache.exists(self._key(key))
-        except OSError as exc:
-            log.warning("looking up a page in the KV cache %s failed: %s", self.path, exc)
-            return False
+        """Whether the page of ``key`` is stored (each of its blocks)."""
+        return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: Sequence[str], extra_info=None) -> int:
         """How many leading ``keys`` are stored, in one index call (``extra_info`` is not used)."""
         cache = self._open(None)
-        if cache is None:
+        if cache is None or not keys:
             return 0
         try:
-            return cache.batch_exists([self._key(k) for k in keys])
+            blocks = cache.batch_exists(self.kv.names(list(keys)))
         except OSError as exc:
             log.warning("looking up pages in the KV cache %s failed: %s", self.path, exc)
             return 0
+        return blocks // len(self.kv.parts)
 
     def clear(self) -> None:
-        """Remove every page of the cache, of every model and rank (as the file backend does)."""
-        cache = self._open(None)
-        if cache is not None:
-            cache.clear()
+        """Remove every page of the caches, of every model and rank (as the file backend does)."""
+        self._open(None)
+        for store in [self.kv, *self.stores.values()]:
+            if store.cache is not None:
+                store.cache.clear()
 
     def _record(self, kind: str, count: int, nbytes: int, start: float) -> None:
         """Note a batch of ``count`` pages of ``kind`` (prefetch or backup) for :meth:`get_stats`."""
@@ -560,7 +590,7 @@ class EmberHiCacheStorage(HiCacheStorage):
         """Pages and GB/s of each batch read (prefetch) and stored (backup) since the last call.
 
         Recorded only with ``enable_storage_metrics`` in the storage config;
-        the cache's own counters are ``self.cache.stats()``.
+        the caches' own counters are ``self.cache.stats()``.
         """
         with self._lock:
             metrics, self._metrics = self._metrics, StorageMetrics()

@@ -1,60 +1,50 @@
-"""The SGLang backend of the KV cache (EmberHiCacheStorage) on the shared cluster."""
+"""The SGLang backend of the KV cache (EmberHiCacheStorage) against SGLang's own classes.
+
+SGLang is installed (tests/engines.txt): the backend subclasses its real
+``HiCacheStorage``, is built by its real storage backend factory from a real
+``HiCacheStorageConfig``, and moves pages of real host memory pools (MHA in
+every layout, MLA, Mamba states; built on the CPU by ``sglpools``). Every
+call goes to the real cluster.
+"""
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from sglang.srt.mem_cache.storage import StorageBackendFactory
+from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector
 
-from emberfs.kvcache import sglang as sgl
 from emberfs.kvcache.sglang import EmberHiCacheStorage
+from tests.kvcache.sglpools import mamba_pool, mha_pool, mla_pool
 
-CAPACITY = 1 << 20
-
-
-PAGE_SIZE = 4  # tokens of a page
-TOKEN_ELEMS = 256  # float16 values of one token
-PAGE_BYTES = PAGE_SIZE * TOKEN_ELEMS * 2
+CAPACITY = 4 << 20
+PAGE_BYTES = 4096
+SPLIT_LAYOUTS = ["page_first", "page_first_direct", "page_head"]
 
 
-@dataclass
-class StorageConfig:
-    """A stand-in of SGLang's HiCacheStorageConfig."""
-
-    tp_rank: int = 0
-    tp_size: int = 1
-    pp_rank: int = 0
-    pp_size: int = 1
-    attn_cp_rank: int = 0
-    attn_cp_size: int = 1
-    is_mla_model: bool = False
-    enable_storage_metrics: bool = False
-    is_page_first_layout: bool = True
-    model_name: str | None = "org/model-7b"
-    extra_config: dict | None = None
-
-
-class HostPool:
-    """A stand-in of SGLang's host KV pool: pages of PAGE_SIZE tokens in one float16 array."""
-
-    def __init__(self, tokens: int = 64) -> None:
-        self.page_size = PAGE_SIZE
-        self.kv = np.zeros((tokens, TOKEN_ELEMS), np.float16)
-
-    def get_dummy_flat_data_page(self) -> np.ndarray:
-        return np.zeros(PAGE_SIZE * TOKEN_ELEMS, np.float16)
-
-    def get_data_page(self, index, flat: bool = True) -> np.ndarray:
-        return self.kv[index : index + PAGE_SIZE].reshape(-1)
-
-    def set_from_flat_data_page(self, index, data) -> None:
-        self.kv[index : index + PAGE_SIZE] = np.asarray(data).reshape(PAGE_SIZE, TOKEN_ELEMS)
-
-
-def page(seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(PAGE_SIZE * TOKEN_ELEMS).astype(np.float16)
+def storage_config(extra: dict, **fields) -> HiCacheStorageConfig:
+    values = dict(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="org/model-7b",
+    )
+    values.update(fields)
+    return HiCacheStorageConfig(extra_config=extra, **values)
 
 
 @pytest.fixture
@@ -69,7 +59,7 @@ def hicache(cluster, kv_path):
             "emberfs_capacity": CAPACITY,
             **(extra or {}),
         }
-        backend = EmberHiCacheStorage(StorageConfig(extra_config=settings, **config), {})
+        backend = EmberHiCacheStorage(storage_config(settings, **config), {})
         made.append(backend)
         return backend
 
@@ -78,189 +68,254 @@ def hicache(cluster, kv_path):
         backend.close()
 
 
+def page(seed: int, nbytes: int = PAGE_BYTES) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, nbytes, np.uint8))
+
+
+def fill(pool, seed: int | None) -> None:
+    """Random bytes (zeros when ``seed`` is None) in every page of a host pool."""
+    for p in range(pool.page_num):
+        data = pool.get_dummy_flat_data_page()
+        raw = data.view(torch.uint8)
+        if seed is not None:
+            raw.copy_(page(seed * 100_003 + p, raw.numel()))
+        pool.set_from_flat_data_page(p * pool.page_size, data)
+
+
+def slots(first_page: int, pages: int, pool) -> torch.Tensor:
+    start = first_page * pool.page_size
+    return torch.arange(start, start + pages * pool.page_size, dtype=torch.int64)
+
+
+def flat_page(pool, page_index: int) -> torch.Tensor:
+    """The bytes of a page of the pool (a copy)."""
+    return pool.get_data_page(page_index * pool.page_size, flat=True).clone().view(torch.uint8)
+
+
+class Counted:
+    """Counts the calls of a host pool's flat-page copy methods (the path that copies)."""
+
+    def __init__(self, pool) -> None:
+        self.calls = 0
+        for name in ("get_dummy_flat_data_page", "set_from_flat_data_page"):
+            setattr(pool, name, self.wrap(getattr(pool, name)))
+
+    def wrap(self, method):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+# the generic interface: pages in caller buffers ---------------------------------------------
 def test_hicache_set_get_exists(hicache):
     backend = hicache({"emberfs_block_size": PAGE_BYTES})
+    assert isinstance(backend, HiCacheStorage)
     a = page(1)
     assert backend.set("h1", a)
     assert backend.exists("h1")
     assert not backend.exists("h2")
-    target = np.zeros_like(a)
+    target = torch.zeros_like(a)
     assert backend.get("h1", target) is target
-    np.testing.assert_array_equal(target, a)
-    assert backend.get("h2", np.zeros_like(a)) is None
+    assert torch.equal(target, a)
+    assert backend.get("h2", torch.zeros_like(a)) is None
     # no target and no host pool: the page's bytes
-    assert bytes(backend.get("h1")) == a.tobytes()
+    assert torch.equal(backend.get("h1"), a)
     assert backend.get("h2") is None
     # the page's first bytes only
-    half = np.zeros_like(a)
+    half = torch.zeros_like(a)
     assert backend.set("h3", a, target_sizes=PAGE_BYTES // 2)
     assert backend.get("h3", half, target_sizes=PAGE_BYTES // 2) is half
-    np.testing.assert_array_equal(half[: a.size // 2], a[: a.size // 2])
-    assert not half[a.size // 2 :].any()
+    assert torch.equal(half[: PAGE_BYTES // 2], a[: PAGE_BYTES // 2])
+    assert not half[PAGE_BYTES // 2 :].any()
+    # bad input: a target that is not host memory in one piece, a size beyond the buffer
+    with pytest.raises(ValueError, match="contiguous"):
+        backend.get("h1", torch.zeros(64, 128, dtype=torch.uint8).t())
+    with pytest.raises(ValueError, match="size"):
+        backend.set("h4", a, target_sizes=PAGE_BYTES + 1)
+    with pytest.raises(ValueError, match="one page per key"):
+        backend.batch_set(["a", "b"], [a])
 
 
 def test_hicache_a_page_of_another_size_is_a_miss(hicache):
     backend = hicache({"emberfs_block_size": PAGE_BYTES})
     a = page(3)
     assert backend.set("whole", a)
-    assert backend.set("half", a[: a.size // 2])
-    small = np.zeros(a.size // 2, np.float16)
-    large = np.zeros_like(a)
-    # larger than its target, shorter than its target: misses; the others in the batch hit
-    got = backend.batch_get(["whole", "half", "whole"], [small, large, np.zeros_like(a)])
-    assert got[0] is None and got[1] is None and got[2] is not None
-    np.testing.assert_array_equal(got[2], a)
-    assert backend.get("half", small) is small
-    np.testing.assert_array_equal(small, a[: a.size // 2])
+    assert backend.set("half", a[: PAGE_BYTES // 2])
+    small, large = torch.zeros(PAGE_BYTES // 2, dtype=torch.uint8), torch.zeros_like(a)
+    got = backend.batch_get(["whole", "half", "whole"], [small, large, torch.zeros_like(a)])
+    assert got[0] is None and got[1] is None and torch.equal(got[2], a)
+    with pytest.raises(ValueError, match="the cache takes"):
+        backend.set("big", page(4, PAGE_BYTES + 1))
 
 
-def test_hicache_get_without_target_fills_a_page_of_the_pool(hicache):
-    backend = hicache()
-    backend.register_mem_pool_host(HostPool())
-    a = page(2)
-    assert backend.set("h", a)
-    got = backend.get("h")
-    assert isinstance(got, np.ndarray) and got.dtype == np.float16
-    np.testing.assert_array_equal(got, a)
-
-
-def test_hicache_batch_exists_counts_the_stored_prefix(hicache):
-    backend = hicache({"emberfs_block_size": PAGE_BYTES})
-    assert backend.batch_set(["p0", "p1", "p3"], [page(0), page(1), page(3)])
-    assert backend.batch_exists(["p0", "p1", "p2", "p3"]) == 2
-    assert backend.batch_exists(["p0", "p1"]) == 2
-    assert backend.batch_exists(["p2", "p0"]) == 0
-    assert backend.batch_exists([]) == 0
-    assert backend.batch_exists(["p3"], extra_info=None) == 1
-
-
-def test_hicache_batch_get_reads_into_the_targets(hicache):
+def test_hicache_batch_exists_get_and_first_writer_wins(hicache):
     backend = hicache({"emberfs_block_size": PAGE_BYTES})
     pages = [page(10), page(11), page(12)]
-    assert backend.batch_set(["k0", "k1", "k2"], pages)
-    targets = [np.zeros(PAGE_SIZE * TOKEN_ELEMS, np.float16) for _ in range(4)]
-    got = backend.batch_get(["k0", "k1", "absent", "k2"], targets)
-    assert got[0] is targets[0] and got[1] is targets[1] and got[3] is targets[3]
-    assert got[2] is None
+    assert backend.batch_set(["k0", "k1", "k3"], pages)
+    assert backend.batch_exists(["k0", "k1", "k2", "k3"]) == 2
+    assert backend.batch_exists(["k2", "k0"]) == 0
+    assert backend.batch_exists([]) == 0
+    targets = [torch.zeros(PAGE_BYTES, dtype=torch.uint8) for _ in range(4)]
+    got = backend.batch_get(["k0", "k1", "absent", "k3"], targets)
+    assert [g is t for g, t in zip(got, targets, strict=True)] == [True, True, False, True]
     assert not targets[2].any()
-    for t, p in zip([targets[0], targets[1], targets[3]], pages, strict=True):
-        np.testing.assert_array_equal(t, p)
-    with pytest.raises(ValueError):
+    assert all(
+        torch.equal(t, p) for t, p in zip([targets[0], targets[1], targets[3]], pages, strict=True)
+    )
+    with pytest.raises(ValueError, match="one target per key"):
         backend.batch_get(["k0", "k1"], targets[:1])
+    assert backend.set("k0", page(13))  # stored already: a success that keeps the first page
+    assert torch.equal(backend.get("k0", torch.zeros(PAGE_BYTES, dtype=torch.uint8)), pages[0])
 
 
-def test_hicache_first_writer_wins(hicache):
-    backend = hicache({"emberfs_block_size": PAGE_BYTES})
-    a, b = page(20), page(21)
-    assert backend.set("h", a)
-    assert backend.set("h", b)  # stored already: a success that keeps the first page
-    target = np.zeros_like(a)
-    backend.get("h", target)
-    np.testing.assert_array_equal(target, a)
-
-
-def test_hicache_ranks_do_not_read_each_others_pages(hicache):
-    sized = {"emberfs_block_size": PAGE_BYTES}
-    rank0 = hicache(sized, tp_rank=0, tp_size=2)
-    rank1 = hicache(sized, tp_rank=1, tp_size=2)
-    a, b = page(30), page(31)
-    assert rank0.set("h", a)
-    assert not rank1.exists("h")
-    assert rank1.batch_exists(["h"]) == 0
-    assert rank1.set("h", b)
-    target = np.zeros_like(a)
-    rank0.get("h", target)
-    np.testing.assert_array_equal(target, a)
-    rank1.get("h", target)
-    np.testing.assert_array_equal(target, b)
-    assert sorted(rank0.cache.keys()) == [
-        b"h_org-model-7b_0_2_pagefirst",
-        b"h_org-model-7b_1_2_pagefirst",
-    ]
-    # another model, another pipeline stage, another layout: other pages
-    assert not hicache(sized, model_name="org/other", tp_rank=0, tp_size=2).exists("h")
-    assert not hicache(sized, tp_rank=0, tp_size=2, pp_rank=0, pp_size=2).exists("h")
-    assert not hicache(sized, tp_rank=0, tp_size=2, is_page_first_layout=False).exists("h")
-    # the ranks of an MLA model hold the same KV: they share pages
-    mla0 = hicache(sized, is_mla_model=True, tp_rank=0, tp_size=2)
-    mla1 = hicache(sized, is_mla_model=True, tp_rank=1, tp_size=2)
-    assert mla0.set("m", a)
-    assert mla1.get("m", target) is target
-    np.testing.assert_array_equal(target, a)
-
-
-def test_hicache_v1_moves_pages_through_the_host_pool(hicache):
+# the host pool's pages: v1 ---------------------------------------------------------------------
+@pytest.mark.parametrize("layout", SPLIT_LAYOUTS)
+def test_hicache_v1_moves_mha_pages_in_place_as_keys_and_values(hicache, layout):
     backend = hicache()
-    with pytest.raises(RuntimeError):
-        backend.batch_set_v1(["v0"], np.arange(PAGE_SIZE))
-    pool = HostPool()
+    pool = mha_pool(layout)
     backend.register_mem_pool_host(pool)
-    pool.kv[:8] = np.random.default_rng(40).standard_normal((8, TOKEN_ELEMS))
-    saved = pool.kv[:8].copy()
-    assert backend.batch_set_v1(["v0", "v1"], np.arange(0, 8)) == [True, True]
-    assert backend.batch_exists(["v0", "v1"]) == 2
-    pool.kv[:] = 0
-    got = backend.batch_get_v1(["v0", "v1", "absent"], np.arange(16, 28), extra_info=None)
-    assert got == [True, True, False]
-    np.testing.assert_array_equal(pool.kv[16:24], saved)
-    assert not pool.kv[24:28].any()
-    assert not pool.kv[:16].any()
-    with pytest.raises(ValueError):
-        backend.batch_get_v1(["v0", "v1"], np.arange(7))
-    assert backend.batch_get_v1([], np.arange(0)) == []
+    page_bytes = pool.get_dummy_flat_data_page().numel() * 2
+    assert backend.cache.block_size == page_bytes // 2  # made with blocks of half a page
+    fill(pool, 40)
+    saved = [flat_page(pool, p) for p in range(3)]
+    copies = Counted(pool)
+    assert backend.batch_set_v1(["a", "b", "c"], slots(0, 3, pool)) == [True, True, True]
+    suffix = f"_org-model-7b_0_1_{layout}_bfloat16"
+    assert sorted(list(backend.cache.keys())) == sorted(
+        f"{k}-{part}{suffix}".encode() for k in "abc" for part in "kv"
+    )
+    assert copies.calls == 0  # written from the pool's pages: no flat page
+    fill(pool, None)
+    copies.calls = 0
+    got = backend.batch_get_v1(["a", "b", "absent", "c"], slots(5, 4, pool))
+    assert got == [True, True, False, True]
+    assert torch.equal(flat_page(pool, 5), saved[0]) and torch.equal(flat_page(pool, 6), saved[1])
+    assert not flat_page(pool, 7).any()
+    assert torch.equal(flat_page(pool, 8), saved[2])
+    assert copies.calls == 0  # read into the pool's pages: no flat page
+    # a flat page of the pool is the same two blocks: the generic calls share the pages
+    assert torch.equal(backend.get("b").view(torch.uint8), saved[1])
+    assert backend.set("d", saved[0])
+    assert backend.batch_get_v1(["d"], slots(9, 1, pool)) == [True]
+    assert torch.equal(flat_page(pool, 9), saved[0])
+    # bad input
+    with pytest.raises(ValueError, match="host slots"):
+        backend.batch_get_v1(["a", "b"], slots(0, 1, pool))
+    assert backend.batch_get_v1([], slots(0, 0, pool)) == []
 
 
-def test_hicache_makes_the_cache_with_pages_of_the_host_pool(hicache):
+@pytest.mark.parametrize("make_pool", [mha_pool, mla_pool], ids=["mha", "mla"])
+def test_hicache_v1_layer_first_goes_through_the_flat_page(hicache, make_pool):
     backend = hicache()
-    assert backend.cache is None  # missing, and no page size yet to make it with
-    assert not backend.exists("h")
-    assert backend.batch_exists(["h"]) == 0
-    assert backend.get("h", np.zeros(PAGE_SIZE * TOKEN_ELEMS, np.float16)) is None
-    backend.register_mem_pool_host(HostPool())
-    assert backend.cache.block_size == PAGE_BYTES
-    assert backend.set("h", page(50))
-    # another server opens the cache this one made
-    assert hicache().exists("h")
+    pool = make_pool("layer_first")
+    backend.register_mem_pool_host(pool)
+    fill(pool, 41)
+    saved = [flat_page(pool, p) for p in range(2)]
+    assert backend.batch_set_v1(["a", "b"], slots(0, 2, pool)) == [True, True]
+    assert len(list(backend.cache.keys())) == 2  # one block per page
+    fill(pool, None)
+    assert backend.batch_get_v1(["b", "a"], slots(3, 2, pool)) == [True, True]
+    assert torch.equal(flat_page(pool, 3), saved[1]) and torch.equal(flat_page(pool, 4), saved[0])
+
+
+def test_hicache_v1_moves_mla_pages_in_place(hicache):
+    backend = hicache(is_mla_model=True, tp_rank=1, tp_size=2)
+    pool = mla_pool("page_first")
+    backend.register_mem_pool_host(pool)
+    fill(pool, 42)
+    saved = flat_page(pool, 1)
+    copies = Counted(pool)
+    assert backend.batch_set_v1(["m"], slots(1, 1, pool)) == [True]
+    assert list(backend.cache.keys()) == [b"m_org-model-7b_page_first_bfloat16"]  # no rank: shared
+    assert copies.calls == 0
+    fill(pool, None)
+    copies.calls = 0
+    assert backend.batch_get_v1(["m"], slots(2, 1, pool)) == [True]
+    assert torch.equal(flat_page(pool, 2), saved)
+    assert copies.calls == 0
+
+
+def test_hicache_keys_name_the_rank_the_layout_and_the_dtype(hicache):
+    writer = hicache(tp_rank=0, tp_size=2)
+    pool = mha_pool("page_first")
+    writer.register_mem_pool_host(pool)
+    fill(pool, 43)
+    assert writer.batch_set_v1(["h"], slots(0, 1, pool)) == [True]
+
+    def sees(pool, **config) -> bool:
+        reader = hicache(**config)
+        reader.register_mem_pool_host(pool)
+        return reader.batch_exists(["h"]) == 1
+
+    assert sees(mha_pool("page_first"), tp_rank=0, tp_size=2)
+    assert not sees(mha_pool("page_first"), tp_rank=1, tp_size=2)
+    assert not sees(mha_pool("page_first"), tp_rank=0, tp_size=2, model_name="org/other")
+    assert not sees(mha_pool("page_first"), tp_rank=0, tp_size=2, pp_rank=0, pp_size=2)
+    # same page size, other layout or dtype: never read as valid
+    assert not sees(mha_pool("page_head"), tp_rank=0, tp_size=2)
+    assert not sees(mha_pool("page_first", dtype=torch.float16), tp_rank=0, tp_size=2)
+
+
+def test_hicache_makes_the_cache_with_the_pools_blocks(hicache):
+    backend = hicache()
+    assert backend.cache is None  # missing, and no block size yet to make it with
+    assert not backend.exists("h") and backend.batch_exists(["h"]) == 0
+    assert backend.get("h", torch.zeros(PAGE_BYTES, dtype=torch.uint8)) is None
+    with pytest.raises(RuntimeError, match="no host pool"):
+        backend.batch_set_v1(["h"], torch.arange(16))
+    pool = mla_pool("page_first")
+    backend.register_mem_pool_host(pool)
+    assert backend.cache.block_size == pool.get_dummy_flat_data_page().numel() * 2
+    assert backend.batch_set_v1(["h"], slots(0, 1, pool)) == [True]
+    other = hicache()  # another server opens the cache this one made
+    other.register_mem_pool_host(mla_pool("page_first"))
+    assert other.exists("h")
 
 
 def test_hicache_does_not_make_a_cache_when_told_not_to(hicache):
     backend = hicache({"emberfs_create": False})
-    assert not backend.set("h", page(51))
+    backend.register_mem_pool_host(mha_pool())
     assert backend.cache is None
+    assert backend.batch_set_v1(["h"], torch.arange(16)) == [False]
+    assert not backend.set("h", page(51))
     assert not backend.exists("h")
 
 
-def test_hicache_refuses_a_pool_of_larger_pages(hicache):
-    backend = hicache({"emberfs_block_size": PAGE_BYTES // 2})
-    with pytest.raises(ValueError, match="host pool"):
-        backend.register_mem_pool_host(HostPool())
+def test_hicache_refuses_a_pool_of_larger_blocks(hicache):
+    backend = hicache({"emberfs_block_size": 1024})
+    with pytest.raises(ValueError, match="host pool 'kv'"):
+        backend.register_mem_pool_host(mha_pool())
 
 
-def test_hicache_clear_and_stats(hicache):
-    backend = hicache({"emberfs_block_size": PAGE_BYTES}, enable_storage_metrics=True)
-    keys = ["s0", "s1", "s2"]
-    assert backend.batch_set(keys, [page(60), page(61), page(62)])
-    targets = [np.zeros(PAGE_SIZE * TOKEN_ELEMS, np.float16) for _ in keys]
-    assert all(t is not None for t in backend.batch_get(keys, targets))
+# metrics ---------------------------------------------------------------------------------------
+def test_hicache_metrics_are_sglangs_own(hicache):
+    backend = hicache(enable_storage_metrics=True)
+    pool = mha_pool()
+    backend.register_mem_pool_host(pool)
+    assert backend.batch_set_v1(["s0", "s1", "s2"], slots(0, 3, pool)) == [True] * 3
+    assert backend.batch_get_v1(["s0", "s1", "s2"], slots(3, 3, pool)) == [True] * 3
     metrics = backend.get_stats()
-    assert isinstance(metrics, sgl.StorageMetrics)
-    assert metrics.backup_pgs == [3]
-    assert metrics.prefetch_pgs == [3]
+    assert type(metrics) is StorageMetrics
+    assert metrics.backup_pgs == [3] and metrics.prefetch_pgs == [3]
     assert len(metrics.backup_bandwidth) == 1 and len(metrics.prefetch_bandwidth) == 1
-    assert backend.get_stats() == sgl.StorageMetrics()  # drained
+    # SGLang's collector asserts the type, and takes it
+    collector = StorageMetricsCollector(labels={"model_name": "org/model-7b", "storage": "t"})
+    collector.log_storage_metrics(metrics)
+    assert backend.get_stats() == StorageMetrics()  # drained
     stats = backend.cache.stats()
-    assert stats.used_blocks == 3 and stats.used_bytes == 3 * PAGE_BYTES
-    assert stats.hits >= 3
+    assert stats.used_blocks == 6 and stats.hits >= 6
     backend.clear()
-    assert backend.batch_exists(keys) == 0
-    assert backend.cache.stats().used_blocks == 0
-    # without enable_storage_metrics nothing is recorded
-    quiet = hicache({"emberfs_block_size": PAGE_BYTES})
-    assert quiet.set("q", page(63))
-    assert quiet.get_stats() == sgl.StorageMetrics()
+    assert backend.batch_exists(["s0", "s1", "s2"]) == 0
+    quiet = hicache()  # without enable_storage_metrics nothing is recorded
+    quiet.register_mem_pool_host(pool)
+    assert quiet.batch_set_v1(["q"], slots(0, 1, pool)) == [True]
+    assert quiet.get_stats() == StorageMetrics()
 
 
-def test_hicache_loads_the_way_sglangs_dynamic_factory_does(cluster, kv_path):
+# SGLang's factory -------------------------------------------------------------------------------
+def test_hicache_loads_through_sglangs_dynamic_factory(cluster, kv_path):
     extra = {
         "backend_name": "emberfs",
         "module_path": "emberfs.kvcache.sglang",
@@ -270,19 +325,100 @@ def test_hicache_loads_the_way_sglangs_dynamic_factory_does(cluster, kv_path):
         "emberfs_path": f"emberfs://{cluster.meta_address}{kv_path}",
         "emberfs_capacity": CAPACITY,
     }
-    config = StorageConfig(extra_config=extra)
-    module = importlib.import_module(extra["module_path"])
-    cls = getattr(module, extra["class_name"])
-    assert issubclass(cls, module.HiCacheStorage)
-    backend = cls(config, {})
+    pool = mha_pool()
+    backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra), pool)
     try:
+        assert isinstance(backend, EmberHiCacheStorage)
         assert backend.path == kv_path
-        pool = HostPool()
-        backend.register_mem_pool_host(pool)
-        pool.kv[:4] = 1.5
-        assert all(backend.batch_set_v1(["d0"], np.arange(4)))
-        pool.kv[:] = 0
-        assert backend.batch_get_v1(["d0"], np.arange(8, 12)) == [True]
-        assert (pool.kv[8:12] == 1.5).all()
+        backend.register_mem_pool_host(pool)  # as SGLang's cache controller does next
+        fill(pool, 44)
+        saved = flat_page(pool, 0)
+        assert backend.batch_set_v1(["d0"], slots(0, 1, pool)) == [True]
+        assert backend.batch_get_v1(["d0"], slots(4, 1, pool)) == [True]
+        assert torch.equal(flat_page(pool, 4), saved)
     finally:
         backend.close()
+
+
+# the pools of hybrid models: v2 -----------------------------------------------------------------
+def transfer(name, keys, pool, first_page, policy=PoolHitPolicy.ALL_PAGES) -> PoolTransfer:
+    return PoolTransfer(
+        name=name, keys=keys, host_indices=slots(first_page, len(keys), pool), hit_policy=policy
+    )
+
+
+def test_hicache_v2_moves_a_hybrid_models_pools(hicache, kv_path):
+    backend = hicache()
+    kv, mamba, indexer = mha_pool(), mamba_pool(), mla_pool("layer_first")
+    backend.register_mem_pool_host(kv)
+    backend.register_mem_host_pool_v2(kv, PoolName.KV)  # the anchor again: nothing new
+    backend.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    backend.register_mem_host_pool_v2(indexer, PoolName.INDEXER)
+    backend.on_host_pools_registered()
+    assert set(backend.stores) == {"mamba", "indexer"}
+    assert backend.fs.exists(f"{kv_path}.mamba") and backend.fs.exists(f"{kv_path}.indexer")
+    for seed, pool in enumerate((kv, mamba, indexer)):
+        fill(pool, 50 + seed)
+    keys = ["p0", "p1", "p2", "p3"]
+    saved_kv = [flat_page(kv, p) for p in range(4)]
+    saved_mamba = {p: flat_page(mamba, p) for p in (1, 3)}
+    saved_indexer = [flat_page(indexer, p) for p in range(4)]
+    assert backend.batch_set_v1(keys, slots(0, 4, kv)) == [True] * 4
+    # Mamba keeps the state at the end of pages 2 and 4 of the prefix; the indexer every page
+    written = backend.batch_set_v2(
+        [
+            transfer(PoolName.MAMBA, ["p1"], mamba, 1, PoolHitPolicy.TRAILING_PAGES),
+            transfer(PoolName.INDEXER, keys, indexer, 0),
+        ]
+    )
+    assert written == {PoolName.MAMBA: [True], PoolName.INDEXER: [True] * 4}
+    assert backend.batch_set_v2(
+        [transfer(PoolName.MAMBA, ["p3"], mamba, 3, PoolHitPolicy.TRAILING_PAGES)]
+    ) == {PoolName.MAMBA: [True]}
+
+    def exists(keys, *pools):
+        result = backend.batch_exists_v2(keys, list(pools))
+        return result.kv_hit_pages, result.extra_pool_hit_pages, result.restorable_prefix_pages
+
+    trailing = transfer(PoolName.MAMBA, ["x"], mamba, 0, PoolHitPolicy.TRAILING_PAGES)
+    everything = transfer(PoolName.INDEXER, keys, indexer, 0)
+    assert exists(keys, trailing, everything) == (
+        4,
+        {PoolName.KV: 4, PoolName.MAMBA: 4, PoolName.INDEXER: 4},
+        [2, 4],
+    )
+    assert exists(keys[:3], trailing)[0] == 2  # no state at the end of page 3
+    assert exists(keys + ["p4"], trailing)[0] == 4  # the KV prefix ends at 4
+    assert exists(["zz"] + keys, trailing, everything)[0] == 0
+    # a pool of another policy gives no verdict; a pool not registered cuts everything
+    groups = transfer(PoolName.INDEXER, keys, indexer, 0, PoolHitPolicy.BLOCK_GROUPS)
+    assert exists(keys, groups)[:2] == (4, {PoolName.KV: 4})
+    assert exists(keys, transfer(PoolName.SWA, keys, indexer, 0))[0] == 0
+
+    for pool in (kv, mamba, indexer):
+        fill(pool, None)
+    assert backend.batch_get_v1(keys, slots(4, 4, kv)) == [True] * 4
+    got = backend.batch_get_v2(
+        [
+            transfer(PoolName.MAMBA, ["p3", "p2"], mamba, 5, PoolHitPolicy.TRAILING_PAGES),
+            transfer(PoolName.INDEXER, keys, indexer, 4),
+            transfer(PoolName.SWA, ["p0"], indexer, 0),
+        ]
+    )
+    assert got == {
+        PoolName.MAMBA: [True, False],
+        PoolName.INDEXER: [True] * 4,
+        PoolName.SWA: [False],  # not registered
+    }
+    assert all(torch.equal(flat_page(kv, 4 + p), saved_kv[p]) for p in range(4))
+    assert torch.equal(flat_page(mamba, 5), saved_mamba[3])
+    assert not flat_page(mamba, 6).any()
+    assert all(torch.equal(flat_page(indexer, 4 + p), saved_indexer[p]) for p in range(4))
+    # host slots that do not match the keys move nothing
+    bad = PoolTransfer(name=PoolName.INDEXER, keys=keys, host_indices=slots(0, 2, indexer))
+    assert backend.batch_get_v2([bad]) == {PoolName.INDEXER: [False] * 4}
+    assert backend.batch_set_v2([bad]) == {PoolName.INDEXER: [False] * 4}
+    # clear empties every pool's cache
+    backend.clear()
+    assert exists(keys, trailing) == (0, {}, [])
+    assert backend.stores["mamba"].cache.stats().used_blocks == 0
