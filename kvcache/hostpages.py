@@ -22,9 +22,12 @@ pools differ never read each other's bytes as pages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from emberfs.kvcache.store import KVCache
 
 FLAT = ("",)
 SPLIT = ("-k", "-v")
@@ -198,3 +201,59 @@ def page_slots(keys, host_indices, page_size: int) -> list[int]:
         return []
     firsts = host_indices[::page_size]
     return [int(i) for i in (firsts.tolist() if hasattr(firsts, "tolist") else firsts)]
+
+
+@dataclass
+class PageStore:
+    """Where the pages of one host pool go: a cache, the pool, how its pages are stored."""
+
+    name: str
+    cache: KVCache | None
+    suffix: str  # of the rank and, once the pool is known, of its layout and dtype
+    pool: object | None = None
+    plan: PagePlan | None = None
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return self.plan.parts if self.plan is not None else FLAT
+
+    def names(self, keys: Sequence[str]) -> list[str]:
+        """The blocks' keys of the pages of ``keys``, page by page."""
+        return [f"{k}{part}{self.suffix}" for k in keys for part in self.parts]
+
+    def split(self, view: memoryview) -> list[memoryview]:
+        """The blocks of a flat page (one block unless it is a whole page of a split plan)."""
+        n = len(self.parts)
+        if n == 1 or len(view) != self.plan.page_bytes:
+            return [view]
+        size = len(view) // n
+        return [view[i * size : (i + 1) * size] for i in range(n)]
+
+
+def restorable_pages(present: list[bool], policy, trailing: int) -> tuple[int, set[int]] | None:
+    """Which lengths of a stored KV prefix a further pool can restore, by its hit policy.
+
+    Parameters
+    ----------
+    present : list of bool
+        Per page of the KV prefix, whether the pool's page is stored.
+    policy : PoolHitPolicy
+        ``all_pages``: the pool's page of every page of a prefix is needed;
+        ``trailing_pages``: those of its last ``trailing`` pages.
+    trailing : int
+        Pages at the end of a prefix the pool keeps (at least 1).
+
+    Returns
+    -------
+    (int, set of int) or None
+        The longest length the pool can restore and every length it can;
+        None for another policy, which gives no verdict.
+    """
+    if policy == "all_pages":
+        boundary = present.index(False) if False in present else len(present)
+        return boundary, set(range(1, boundary + 1))
+    if policy == "trailing_pages":
+        window = max(1, trailing)
+        lengths = {n for n in range(1, len(present) + 1) if all(present[max(0, n - window) : n])}
+        return max(lengths, default=0), lengths
+    return None

@@ -59,21 +59,20 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from emberfs.client.fs import EmberFileSystem
 from emberfs.client.paths import meta_of_url, strip_protocol
 from emberfs.kvcache.hostpages import (
-    FLAT,
-    PagePlan,
+    PageStore,
     key_suffix,
     page_plan,
     page_regions,
     page_slots,
     page_source,
     page_target,
+    restorable_pages,
     sized,
 )
 from emberfs.kvcache.store import KVCache, PutStatus
@@ -81,7 +80,6 @@ from emberfs.kvcache.store import KVCache, PutStatus
 try:
     from sglang.srt.mem_cache.hicache_storage import (
         HiCacheStorage,
-        PoolHitPolicy,
         PoolName,
         PoolTransferResult,
     )
@@ -107,33 +105,6 @@ def _flag(value) -> bool:
     if isinstance(value, str):
         return value.strip().lower() not in ("", "0", "false", "no", "off")
     return bool(value)
-
-
-@dataclass
-class PageStore:
-    """Where the pages of one host pool go: a cache, the pool, how its pages are stored."""
-
-    name: str
-    cache: KVCache | None
-    suffix: str  # of the rank and, once the pool is known, of its layout and dtype
-    pool: object | None = None
-    plan: PagePlan | None = None
-
-    @property
-    def parts(self) -> tuple[str, ...]:
-        return self.plan.parts if self.plan is not None else FLAT
-
-    def names(self, keys: Sequence[str]) -> list[str]:
-        """The blocks' keys of the pages of ``keys``, page by page."""
-        return [f"{k}{part}{self.suffix}" for k in keys for part in self.parts]
-
-    def split(self, view: memoryview) -> list[memoryview]:
-        """The blocks of a flat page (one block unless it is a whole page of a split plan)."""
-        n = len(self.parts)
-        if n == 1 or len(view) != self.plan.page_bytes:
-            return [view]
-        size = len(view) // n
-        return [view[i * size : (i + 1) * size] for i in range(n)]
 
 
 class EmberHiCacheStorage(HiCacheStorage):
@@ -407,15 +378,10 @@ class EmberHiCacheStorage(HiCacheStorage):
                 restorable = set()
                 break
             present = self._contains(store, keys[:kv_pages])
-            if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
-                boundary = present.index(False) if False in present else kv_pages
-                mine = set(range(1, boundary + 1))
-            elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
-                trailing = max(1, len(transfer.keys or ()))
-                mine = {n for n in range(1, kv_pages + 1) if all(present[max(0, n - trailing) : n])}
-                boundary = max(mine, default=0)
-            else:
+            verdict = restorable_pages(present, transfer.hit_policy, len(transfer.keys or ()))
+            if verdict is None:  # a policy that gives no verdict (block groups)
                 continue
+            boundary, mine = verdict
             if boundary:
                 hit_count[transfer.name] = boundary
             restorable &= mine
