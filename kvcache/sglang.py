@@ -37,6 +37,7 @@ arguments of the factory, when it passes some, override them):
     Bytes of a block when this backend makes the KV cache. Default: a
     block of the host pool's pages (:mod:`emberfs.kvcache.hostpages`),
     known once SGLang registers it, else the largest page of the first write.
+    The caches of further pools have blocks of their pools' pages.
 ``emberfs_create``
     Make the caches when missing (default true). With false, a missing
     cache is a cache that misses every page and stores none.
@@ -222,7 +223,7 @@ class EmberHiCacheStorage(HiCacheStorage):
             return
         plan = page_plan(host_pool)
         path = f"{self.path}.{name}"
-        size = (self.block_size or plan.block_bytes) if self.create_missing else None
+        size = plan.block_bytes if self.create_missing else None
         cache = KVCache.open_or_create(path, block_size=size, capacity=self.capacity, fs=self.fs)
         # Mamba states are split over the tensor-parallel ranks even of an MLA model
         sharded = name == str(PoolName.MAMBA)

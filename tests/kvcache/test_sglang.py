@@ -22,8 +22,8 @@ from sglang.srt.mem_cache.hicache_storage import (
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector
 
+from benchmarks.sglpools import mamba_pool, mha_pool, mla_pool
 from emberfs.kvcache.sglang import EmberHiCacheStorage
-from tests.kvcache.sglpools import mamba_pool, mha_pool, mla_pool
 
 CAPACITY = 4 << 20
 PAGE_BYTES = 4096

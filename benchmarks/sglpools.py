@@ -1,4 +1,4 @@
-"""Real SGLang host memory pools, built on the CPU for the backend tests.
+"""Real SGLang host memory pools, built on the CPU for the SGLang backend's tests and benchmark.
 
 SGLang mirrors the GPU's KV pool in host memory; the pools are built here
 from CPU tensors standing for the device buffers, with pinned memory off.
