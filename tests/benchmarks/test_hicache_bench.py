@@ -34,6 +34,7 @@ def test_a_miss_or_a_wrong_byte_fails_the_check():
 
 
 def test_hicache_bench_smoke_run(tmp_path):
+    pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="SGLang (tests/engines.txt)")
     out = tmp_path / "hicache.json"
     done = run_bench(
         [sys.executable, "-m", "benchmarks.hicache", "--smoke", "--workdir", str(tmp_path),

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from sglang.srt.mem_cache.hicache_storage import (
+
+pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="SGLang (tests/engines.txt)")
+
+import torch  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorage,
     HiCacheStorageConfig,
     PoolHitPolicy,
     PoolName,
     PoolTransfer,
 )
-from sglang.srt.mem_cache.storage import StorageBackendFactory
-from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector  # noqa: E402
 
-from benchmarks.sglpools import mamba_pool, mha_pool, mla_pool
-from emberfs.kvcache.sglang import EmberHiCacheStorage
+from benchmarks.sglpools import mamba_pool, mha_pool, mla_pool  # noqa: E402
+from emberfs.kvcache.sglang import EmberHiCacheStorage  # noqa: E402
 
 CAPACITY = 4 << 20
 PAGE_BYTES = 4096
