@@ -58,33 +58,6 @@ def log(message: str) -> None:
     print(f"[hicache] {message}", file=sys.stderr, flush=True)
 
 
-def page_bytes(pool, page: int):
-    """The bytes of a page of the pool, as a uint8 tensor (a copy)."""
-    import torch
-
-    return pool.get_data_page(page * pool.page_size, flat=True).clone().view(torch.uint8)
-
-
-def randomize(pool, seed: int | None) -> None:
-    """Random bytes (zeros when ``seed`` is None) in every page of ``pool``."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed or 0)
-    for p in range(pool.page_num):
-        data = pool.get_dummy_flat_data_page()
-        if seed is not None:
-            raw = data.view(torch.uint8)
-            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-        pool.set_from_flat_data_page(p * pool.page_size, data)
-
-
-def slots(pool, first: int, pages: int):
-    import torch
-
-    start = first * pool.page_size
-    return torch.arange(start, start + pages * pool.page_size, dtype=torch.int64)
-
-
 def check(what: str, got: list, want: list) -> None:
     import torch
 
@@ -108,6 +81,8 @@ def storage_config(meta: str, path: str, capacity: int):
 
 def reads(backend, pool, keys: list[str], saved: list, rnd: int) -> dict[str, float]:
     """One round: seconds of each way to read the stored pages, every byte checked."""
+    from benchmarks.sglpools import page_bytes, slots
+
     n = len(keys)
     buffers = [pool.get_dummy_flat_data_page() for _ in keys]
     target = n  # the pool's pages n..2n-1 receive the reads
@@ -147,7 +122,7 @@ def hybrid(meta: str, path: str, capacity: int, pages: int) -> dict:
     """A hybrid model's pools through the v1 and v2 calls, every byte checked."""
     from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
 
-    from benchmarks.sglpools import mamba_pool, mha_pool, mla_pool
+    from benchmarks.sglpools import fill, mamba_pool, mha_pool, mla_pool, page_bytes, slots
     from emberfs.kvcache.sglang import EmberHiCacheStorage
 
     backend = EmberHiCacheStorage(storage_config(meta, path, capacity), {})
@@ -158,7 +133,7 @@ def hybrid(meta: str, path: str, capacity: int, pages: int) -> dict:
         backend.register_mem_host_pool_v2(indexer, PoolName.INDEXER)
         backend.on_host_pools_registered()
         for seed, pool in enumerate((kv, states, indexer), start=7):
-            randomize(pool, seed)
+            fill(pool, seed)
         n = min(pages, indexer.page_num // 2, states.page_num // 2)
         keys = [f"hybrid-{i}" for i in range(n)]
 
@@ -193,7 +168,7 @@ def hybrid(meta: str, path: str, capacity: int, pages: int) -> dict:
         if cut != 0:
             raise DataError(f"batch_exists_v2: {cut} pages restorable without their last state")
         for pool in (kv, states, indexer):
-            randomize(pool, None)
+            fill(pool, None)
         check("get kv", backend.batch_get_v1(keys, slots(kv, n, n)), [True] * n)
         got = backend.batch_get_v2(
             [
@@ -227,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         args.pages, args.layers, args.heads, args.rounds = 8, 4, 2, 1
     if args.pages < 1 or args.rounds < 1:
         p.error("--pages and --rounds must be positive")
-    from benchmarks.sglpools import mha_pool
+    from benchmarks.sglpools import fill, mha_pool, page_bytes, slots
     from emberfs.kvcache.sglang import EmberHiCacheStorage
 
     pool = mha_pool(
@@ -252,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = cluster.meta_address
         backend = EmberHiCacheStorage(storage_config(meta, "/hicache", capacity), {})
         backend.register_mem_pool_host(pool)
-        randomize(pool, 1)
+        fill(pool, 1)
         keys = [f"page-{i}" for i in range(args.pages)]
         saved = [page_bytes(pool, i) for i in range(args.pages)]
         log(f"storing {args.pages} pages of {page / 2**20:.1f} MiB")

@@ -114,3 +114,25 @@ def mamba_pool(*, layers: int = 2, states: int = 8, layout: str = "page_first") 
     return MambaPoolHost(
         info, 2.0, 0, device_capacity=states, pin_memory=False, device="cpu", layout=layout
     )
+
+
+def fill(pool, seed: int | None) -> None:
+    """Random bytes (zeros when ``seed`` is None) in every page of a host pool."""
+    gen = torch.Generator().manual_seed(seed or 0)
+    for p in range(pool.page_num):
+        data = pool.get_dummy_flat_data_page()
+        if seed is not None:
+            raw = data.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
+        pool.set_from_flat_data_page(p * pool.page_size, data)
+
+
+def page_bytes(pool, page: int) -> torch.Tensor:
+    """The bytes of page ``page`` of a host pool, as a uint8 tensor (a copy)."""
+    return pool.get_data_page(page * pool.page_size, flat=True).clone().view(torch.uint8)
+
+
+def slots(pool, first: int, pages: int) -> torch.Tensor:
+    """The host slots of ``pages`` pages of a host pool from page ``first``, as SGLang passes them."""
+    start = first * pool.page_size
+    return torch.arange(start, start + pages * pool.page_size, dtype=torch.int64)

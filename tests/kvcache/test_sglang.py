@@ -25,7 +25,7 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector  # noqa: E402
 
-from benchmarks.sglpools import mamba_pool, mha_pool, mla_pool  # noqa: E402
+from benchmarks.sglpools import fill, mamba_pool, mha_pool, mla_pool, page_bytes, slots  # noqa: E402
 from emberfs.kvcache.sglang import EmberHiCacheStorage  # noqa: E402
 
 CAPACITY = 4 << 20
@@ -73,26 +73,6 @@ def hicache(cluster, kv_path):
 
 def page(seed: int, nbytes: int = PAGE_BYTES) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, nbytes, np.uint8))
-
-
-def fill(pool, seed: int | None) -> None:
-    """Random bytes (zeros when ``seed`` is None) in every page of a host pool."""
-    for p in range(pool.page_num):
-        data = pool.get_dummy_flat_data_page()
-        raw = data.view(torch.uint8)
-        if seed is not None:
-            raw.copy_(page(seed * 100_003 + p, raw.numel()))
-        pool.set_from_flat_data_page(p * pool.page_size, data)
-
-
-def slots(first_page: int, pages: int, pool) -> torch.Tensor:
-    start = first_page * pool.page_size
-    return torch.arange(start, start + pages * pool.page_size, dtype=torch.int64)
-
-
-def flat_page(pool, page_index: int) -> torch.Tensor:
-    """The bytes of a page of the pool (a copy)."""
-    return pool.get_data_page(page_index * pool.page_size, flat=True).clone().view(torch.uint8)
 
 
 class Counted:
@@ -182,9 +162,9 @@ def test_hicache_v1_moves_mha_pages_in_place_as_keys_and_values(hicache, layout)
     page_bytes = pool.get_dummy_flat_data_page().numel() * 2
     assert backend.cache.block_size == page_bytes // 2  # made with blocks of half a page
     fill(pool, 40)
-    saved = [flat_page(pool, p) for p in range(3)]
+    saved = [page_bytes(pool, p) for p in range(3)]
     copies = Counted(pool)
-    assert backend.batch_set_v1(["a", "b", "c"], slots(0, 3, pool)) == [True, True, True]
+    assert backend.batch_set_v1(["a", "b", "c"], slots(pool, 0, 3)) == [True, True, True]
     suffix = f"_org-model-7b_0_1_{layout}_bfloat16"
     assert sorted(list(backend.cache.keys())) == sorted(
         f"{k}-{part}{suffix}".encode() for k in "abc" for part in "kv"
@@ -192,35 +172,35 @@ def test_hicache_v1_moves_mha_pages_in_place_as_keys_and_values(hicache, layout)
     assert copies.calls == 0  # written from the pool's pages: no flat page
     fill(pool, None)
     copies.calls = 0
-    got = backend.batch_get_v1(["a", "b", "absent", "c"], slots(5, 4, pool))
+    got = backend.batch_get_v1(["a", "b", "absent", "c"], slots(pool, 5, 4))
     assert got == [True, True, False, True]
-    assert torch.equal(flat_page(pool, 5), saved[0]) and torch.equal(flat_page(pool, 6), saved[1])
-    assert not flat_page(pool, 7).any()
-    assert torch.equal(flat_page(pool, 8), saved[2])
+    assert torch.equal(page_bytes(pool, 5), saved[0]) and torch.equal(page_bytes(pool, 6), saved[1])
+    assert not page_bytes(pool, 7).any()
+    assert torch.equal(page_bytes(pool, 8), saved[2])
     assert copies.calls == 0  # read into the pool's pages: no flat page
     # a flat page of the pool is the same two blocks: the generic calls share the pages
     assert torch.equal(backend.get("b").view(torch.uint8), saved[1])
     assert backend.set("d", saved[0])
-    assert backend.batch_get_v1(["d"], slots(9, 1, pool)) == [True]
-    assert torch.equal(flat_page(pool, 9), saved[0])
+    assert backend.batch_get_v1(["d"], slots(pool, 9, 1)) == [True]
+    assert torch.equal(page_bytes(pool, 9), saved[0])
     # bad input
     with pytest.raises(ValueError, match="host slots"):
-        backend.batch_get_v1(["a", "b"], slots(0, 1, pool))
-    assert backend.batch_get_v1([], slots(0, 0, pool)) == []
+        backend.batch_get_v1(["a", "b"], slots(pool, 0, 1))
+    assert backend.batch_get_v1([], slots(pool, 0, 0)) == []
 
 
 @pytest.mark.parametrize("make_pool", [mha_pool, mla_pool], ids=["mha", "mla"])
-def test_hicache_v1_layer_first_goes_through_the_flat_page(hicache, make_pool):
+def test_hicache_v1_layer_first_goes_through_the_page_bytes(hicache, make_pool):
     backend = hicache()
     pool = make_pool("layer_first")
     backend.register_mem_pool_host(pool)
     fill(pool, 41)
-    saved = [flat_page(pool, p) for p in range(2)]
-    assert backend.batch_set_v1(["a", "b"], slots(0, 2, pool)) == [True, True]
+    saved = [page_bytes(pool, p) for p in range(2)]
+    assert backend.batch_set_v1(["a", "b"], slots(pool, 0, 2)) == [True, True]
     assert len(list(backend.cache.keys())) == 2  # one block per page
     fill(pool, None)
-    assert backend.batch_get_v1(["b", "a"], slots(3, 2, pool)) == [True, True]
-    assert torch.equal(flat_page(pool, 3), saved[1]) and torch.equal(flat_page(pool, 4), saved[0])
+    assert backend.batch_get_v1(["b", "a"], slots(pool, 3, 2)) == [True, True]
+    assert torch.equal(page_bytes(pool, 3), saved[1]) and torch.equal(page_bytes(pool, 4), saved[0])
 
 
 def test_hicache_v1_moves_mla_pages_in_place(hicache):
@@ -228,15 +208,15 @@ def test_hicache_v1_moves_mla_pages_in_place(hicache):
     pool = mla_pool("page_first")
     backend.register_mem_pool_host(pool)
     fill(pool, 42)
-    saved = flat_page(pool, 1)
+    saved = page_bytes(pool, 1)
     copies = Counted(pool)
-    assert backend.batch_set_v1(["m"], slots(1, 1, pool)) == [True]
+    assert backend.batch_set_v1(["m"], slots(pool, 1, 1)) == [True]
     assert list(backend.cache.keys()) == [b"m_org-model-7b_page_first_bfloat16"]  # no rank: shared
     assert copies.calls == 0
     fill(pool, None)
     copies.calls = 0
-    assert backend.batch_get_v1(["m"], slots(2, 1, pool)) == [True]
-    assert torch.equal(flat_page(pool, 2), saved)
+    assert backend.batch_get_v1(["m"], slots(pool, 2, 1)) == [True]
+    assert torch.equal(page_bytes(pool, 2), saved)
     assert copies.calls == 0
 
 
@@ -245,7 +225,7 @@ def test_hicache_keys_name_the_rank_the_layout_and_the_dtype(hicache):
     pool = mha_pool("page_first")
     writer.register_mem_pool_host(pool)
     fill(pool, 43)
-    assert writer.batch_set_v1(["h"], slots(0, 1, pool)) == [True]
+    assert writer.batch_set_v1(["h"], slots(pool, 0, 1)) == [True]
 
     def sees(pool, **config) -> bool:
         reader = hicache(**config)
@@ -271,7 +251,7 @@ def test_hicache_makes_the_cache_with_the_pools_blocks(hicache):
     pool = mla_pool("page_first")
     backend.register_mem_pool_host(pool)
     assert backend.cache.block_size == pool.get_dummy_flat_data_page().numel() * 2
-    assert backend.batch_set_v1(["h"], slots(0, 1, pool)) == [True]
+    assert backend.batch_set_v1(["h"], slots(pool, 0, 1)) == [True]
     other = hicache()  # another server opens the cache this one made
     other.register_mem_pool_host(mla_pool("page_first"))
     assert other.exists("h")
@@ -297,8 +277,8 @@ def test_hicache_metrics_are_sglangs_own(hicache):
     backend = hicache(enable_storage_metrics=True)
     pool = mha_pool()
     backend.register_mem_pool_host(pool)
-    assert backend.batch_set_v1(["s0", "s1", "s2"], slots(0, 3, pool)) == [True] * 3
-    assert backend.batch_get_v1(["s0", "s1", "s2"], slots(3, 3, pool)) == [True] * 3
+    assert backend.batch_set_v1(["s0", "s1", "s2"], slots(pool, 0, 3)) == [True] * 3
+    assert backend.batch_get_v1(["s0", "s1", "s2"], slots(pool, 3, 3)) == [True] * 3
     metrics = backend.get_stats()
     assert type(metrics) is StorageMetrics
     assert metrics.backup_pgs == [3] and metrics.prefetch_pgs == [3]
@@ -313,7 +293,7 @@ def test_hicache_metrics_are_sglangs_own(hicache):
     assert backend.batch_exists(["s0", "s1", "s2"]) == 0
     quiet = hicache()  # without enable_storage_metrics nothing is recorded
     quiet.register_mem_pool_host(pool)
-    assert quiet.batch_set_v1(["q"], slots(0, 1, pool)) == [True]
+    assert quiet.batch_set_v1(["q"], slots(pool, 0, 1)) == [True]
     assert quiet.get_stats() == StorageMetrics()
 
 
@@ -335,10 +315,10 @@ def test_hicache_loads_through_sglangs_dynamic_factory(cluster, kv_path):
         assert backend.path == kv_path
         backend.register_mem_pool_host(pool)  # as SGLang's cache controller does next
         fill(pool, 44)
-        saved = flat_page(pool, 0)
-        assert backend.batch_set_v1(["d0"], slots(0, 1, pool)) == [True]
-        assert backend.batch_get_v1(["d0"], slots(4, 1, pool)) == [True]
-        assert torch.equal(flat_page(pool, 4), saved)
+        saved = page_bytes(pool, 0)
+        assert backend.batch_set_v1(["d0"], slots(pool, 0, 1)) == [True]
+        assert backend.batch_get_v1(["d0"], slots(pool, 4, 1)) == [True]
+        assert torch.equal(page_bytes(pool, 4), saved)
     finally:
         backend.close()
 
@@ -346,7 +326,7 @@ def test_hicache_loads_through_sglangs_dynamic_factory(cluster, kv_path):
 # the pools of hybrid models: v2 -----------------------------------------------------------------
 def transfer(name, keys, pool, first_page, policy=PoolHitPolicy.ALL_PAGES) -> PoolTransfer:
     return PoolTransfer(
-        name=name, keys=keys, host_indices=slots(first_page, len(keys), pool), hit_policy=policy
+        name=name, keys=keys, host_indices=slots(pool, first_page, len(keys)), hit_policy=policy
     )
 
 
@@ -363,10 +343,10 @@ def test_hicache_v2_moves_a_hybrid_models_pools(hicache, kv_path):
     for seed, pool in enumerate((kv, mamba, indexer)):
         fill(pool, 50 + seed)
     keys = ["p0", "p1", "p2", "p3"]
-    saved_kv = [flat_page(kv, p) for p in range(4)]
-    saved_mamba = {p: flat_page(mamba, p) for p in (1, 3)}
-    saved_indexer = [flat_page(indexer, p) for p in range(4)]
-    assert backend.batch_set_v1(keys, slots(0, 4, kv)) == [True] * 4
+    saved_kv = [page_bytes(kv, p) for p in range(4)]
+    saved_mamba = {p: page_bytes(mamba, p) for p in (1, 3)}
+    saved_indexer = [page_bytes(indexer, p) for p in range(4)]
+    assert backend.batch_set_v1(keys, slots(kv, 0, 4)) == [True] * 4
     # Mamba keeps the state at the end of pages 2 and 4 of the prefix; the indexer every page
     written = backend.batch_set_v2(
         [
@@ -400,7 +380,7 @@ def test_hicache_v2_moves_a_hybrid_models_pools(hicache, kv_path):
 
     for pool in (kv, mamba, indexer):
         fill(pool, None)
-    assert backend.batch_get_v1(keys, slots(4, 4, kv)) == [True] * 4
+    assert backend.batch_get_v1(keys, slots(kv, 4, 4)) == [True] * 4
     got = backend.batch_get_v2(
         [
             transfer(PoolName.MAMBA, ["p3", "p2"], mamba, 5, PoolHitPolicy.TRAILING_PAGES),
@@ -413,12 +393,12 @@ def test_hicache_v2_moves_a_hybrid_models_pools(hicache, kv_path):
         PoolName.INDEXER: [True] * 4,
         PoolName.SWA: [False],  # not registered
     }
-    assert all(torch.equal(flat_page(kv, 4 + p), saved_kv[p]) for p in range(4))
-    assert torch.equal(flat_page(mamba, 5), saved_mamba[3])
-    assert not flat_page(mamba, 6).any()
-    assert all(torch.equal(flat_page(indexer, 4 + p), saved_indexer[p]) for p in range(4))
+    assert all(torch.equal(page_bytes(kv, 4 + p), saved_kv[p]) for p in range(4))
+    assert torch.equal(page_bytes(mamba, 5), saved_mamba[3])
+    assert not page_bytes(mamba, 6).any()
+    assert all(torch.equal(page_bytes(indexer, 4 + p), saved_indexer[p]) for p in range(4))
     # host slots that do not match the keys move nothing
-    bad = PoolTransfer(name=PoolName.INDEXER, keys=keys, host_indices=slots(0, 2, indexer))
+    bad = PoolTransfer(name=PoolName.INDEXER, keys=keys, host_indices=slots(indexer, 0, 2))
     assert backend.batch_get_v2([bad]) == {PoolName.INDEXER: [False] * 4}
     assert backend.batch_set_v2([bad]) == {PoolName.INDEXER: [False] * 4}
     # clear empties every pool's cache
