@@ -159,8 +159,8 @@ def test_hicache_v1_moves_mha_pages_in_place_as_keys_and_values(hicache, layout)
     backend = hicache()
     pool = mha_pool(layout)
     backend.register_mem_pool_host(pool)
-    page_bytes = pool.get_dummy_flat_data_page().numel() * 2
-    assert backend.cache.block_size == page_bytes // 2  # made with blocks of half a page
+    size = pool.get_dummy_flat_data_page().numel() * 2
+    assert backend.cache.block_size == size // 2  # made with blocks of half a page
     fill(pool, 40)
     saved = [page_bytes(pool, p) for p in range(3)]
     copies = Counted(pool)
