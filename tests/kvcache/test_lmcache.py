@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -542,3 +543,48 @@ def test_lmcache_module_needs_lmcache():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert "needs LMCache 0.3.15 or later" in out
+
+
+def documented_yaml() -> str:
+    """The YAML config of the LMCache section of docs/kvcache.md."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "kvcache.md").read_text()
+    section = doc[doc.index("### LMCache") :]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_lmcache_documented_config_enables_the_backend(cluster, kv_path, tmp_path, monkeypatch):
+    """The documented YAML, found through LMCACHE_CONFIG_FILE, read and used as LMCache does."""
+    from lmcache.v1.storage_backend import CreateStorageBackends
+
+    text = documented_yaml()
+    text = text.replace(
+        "emberfs://10.0.0.1:9400/kvcache/llama-70b", f"emberfs://{cluster.meta_address}{kv_path}"
+    )
+    text = text.replace("1099511627776", str(CAPACITY))
+    path = tmp_path / "lmcache-emberfs.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("LMCACHE_CONFIG_FILE", str(path))
+    # small enough for a test machine: LMCache's own environment overrides
+    monkeypatch.setenv("LMCACHE_CHUNK_SIZE", str(CHUNK))
+    monkeypatch.setenv("LMCACHE_MAX_LOCAL_CPU_SIZE", "0.01")
+    config = LMCacheEngineConfig.from_file(os.environ["LMCACHE_CONFIG_FILE"])
+    config.update_config_from_env()  # as LMCache's vLLM integration loads it
+    assert config.remote_storage_plugins == ["emberfs"] and config.chunk_size == CHUNK
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    backends = CreateStorageBackends(config, metadata(), loop, "cpu")
+    try:
+        remote = backends["RemoteBackend-emberfs"]
+        assert repr(remote.connection) == (
+            f"InstrumentedRemoteConnector(<EmberConnector emberfs {kv_path}>)"
+        )
+        obj = chunk(backends["LocalCPUBackend"], 4)
+        remote.submit_put_task(key(4), obj).result(30)
+        got = remote.get_blocking(key(4))
+        assert got is not None and torch.equal(got.tensor, obj.tensor)
+    finally:
+        for backend in backends.values():
+            backend.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
