@@ -8,8 +8,14 @@ memory and, behind it, in remote storage reached through a
 chunk hash and dtype), so every LMCache instance that opens the same cache
 directory shares the chunks the others stored.
 
+Needs LMCache 0.3.15 or later (tested with 0.5.6): the first release whose
+``RemoteConnector`` takes ``(config, metadata)`` and keeps
+``full_chunk_size_bytes``, whose ``batched_contains`` returns a count, and
+that loads adapters named by ``remote_storage_plugins``. Importing this module
+without it raises ImportError; the rest of EmberFS does not need LMCache.
+
 LMCache loads it as a remote storage plugin, whose name is ``emberfs`` or
-``emberfs.<instance>``::
+``emberfs.<instance>`` (LMCache 0.4.4 and later)::
 
     chunk_size: 256
     local_cpu: true
@@ -22,9 +28,10 @@ LMCache loads it as a remote storage plugin, whose name is ``emberfs`` or
       remote_storage_plugin.emberfs.url: "emberfs://10.0.0.1:9400/kvcache/llama-70b"
       remote_storage_plugin.emberfs.capacity: 1099511627776
 
-or with ``remote_url: "emberfs://10.0.0.1:9400/kvcache/llama-70b"`` and the
-same ``module_path`` / ``class_name``. ``class_name: EmberConnector`` works
-too: LMCache then builds the connector itself with the settings below.
+or, on any supported version, with ``remote_url:
+"emberfs://10.0.0.1:9400/kvcache/llama-70b"`` and the same plugin entries.
+``class_name: EmberConnector`` works too (0.4.4 and later): LMCache then
+builds the connector itself, with the metadata of its local CPU backend.
 
 Settings are ``remote_storage_plugin.<name>.<key>`` entries of
 ``extra_config``:
@@ -41,11 +48,17 @@ Settings are ``remote_storage_plugin.<name>.<key>`` entries of
     Bytes the cache holds when the connector makes it. Default 64 GiB.
 ``block_size``
     Bytes of a block when the connector makes the cache. Default: a full
-    chunk of the model (``metadata``), plus room for the chunk header.
+    chunk of the model, plus room for the chunk header.
 ``create``
     Make the cache when it is missing (default true).
 ``workers``
     Threads that run the cache's blocking calls (default 8).
+
+The cache is opened when first used and made, when missing, by the first
+put (or by :meth:`EmberConnector.post_init`), not when the connector is
+built: LMCache may build it before the model's KV layer groups are known,
+and a full chunk's size is final only then. Until then its chunk shapes are
+taken again from the metadata each time the cache is looked for.
 
 A chunk is stored as LMCache's ``save_chunk_meta`` (default true) says:
 
@@ -58,178 +71,58 @@ A chunk is stored as LMCache's ``save_chunk_meta`` (default true) says:
   chunk from the connector's metadata and reads straight into it, then
   trims a partial chunk with ``reshape_partial_chunk``.
 
-The bytes of a chunk are its ``get_size()`` bytes of ``byte_array`` (the
-whole ``byte_array`` for an object without ``get_size``).
+The bytes of a chunk are its ``get_size()`` bytes of ``byte_array``.
 
 Every coroutine runs the cache's blocking calls on the connector's threads,
 so the event loop never waits on the cluster. Errors of the cluster
-propagate to LMCache; a chunk that cannot be read or allocated is a miss.
-
-When LMCache is installed, the classes subclass its ``RemoteConnector`` and
-``ConnectorAdapter`` (versions whose ``RemoteConnector`` takes ``(config,
-metadata)``), and stored formats and dtypes come back as its ``MemoryFormat``
-and torch dtypes. When it is not (nor torch), they subclass stand-ins defined
-here with the same method names, and formats and dtypes come back as names.
+propagate to LMCache; a chunk that cannot be read or allocated (local memory
+full, after what can be evicted is) is a miss.
+A put does not release the memory object: LMCache's connector wrapper does.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import errno
 import logging
-import math
+import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from importlib import metadata as dist_metadata
 from urllib.parse import urlsplit
 
-from emberfs.client.fs import EmberFileSystem
-from emberfs.client.paths import strip_protocol
-from emberfs.kvcache.lmchunk import (
+MIN_LMCACHE = (0, 3, 15)
+_NEEDS = "emberfs.kvcache.lmcache needs LMCache 0.3.15 or later (pip install 'lmcache>=0.3.15')"
+
+
+def lmcache_version() -> tuple[int, ...] | None:
+    """The installed LMCache's release as numbers (None when its version is not known)."""
+    try:
+        text = dist_metadata.version("lmcache")
+    except dist_metadata.PackageNotFoundError:
+        return None
+    found = re.match(r"\d+(?:\.\d+)*", text)
+    return tuple(int(n) for n in found.group().split(".")) if found else None
+
+
+try:
+    from lmcache.v1.storage_backend.connector import ConnectorAdapter
+    from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+except ImportError as exc:
+    raise ImportError(f"{_NEEDS}: {exc}") from exc
+if (lmcache_version() or MIN_LMCACHE) < MIN_LMCACHE:
+    raise ImportError(f"{_NEEDS}; {dist_metadata.version('lmcache')} is installed")
+
+from emberfs.client.fs import EmberFileSystem  # noqa: E402 (after LMCache's check)
+from emberfs.client.paths import strip_protocol  # noqa: E402
+from emberfs.kvcache.lmchunk import (  # noqa: E402
     HEADER_ROOM,
     ChunkHeader,
     byte_view,
-    itemsize,
+    chunk_bytes,
 )
-from emberfs.kvcache.lmchunk import (
-    payload as chunk_payload,
-)
-from emberfs.kvcache.store import KVCache
-
-try:
-    import torch
-except ImportError:  # dtypes are then kept as names
-    torch = None
-
-try:
-    from lmcache.v1.memory_management import MemoryFormat
-    from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
-    from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
-except ImportError:
-    MemoryFormat = None
-
-    @dataclass
-    class ConnectorContext:
-        """A stand-in of LMCache's ``ConnectorContext``, used when LMCache is not installed."""
-
-        url: str
-        loop: asyncio.AbstractEventLoop | None
-        local_cpu_backend: Any
-        config: Any = None
-        metadata: Any = None
-        plugin_name: str | None = None
-
-    class ConnectorAdapter(abc.ABC):
-        """A stand-in of LMCache's ``ConnectorAdapter``, used when LMCache is not installed."""
-
-        def __init__(self, schema: str = "") -> None:
-            self.schema = schema
-
-        def can_parse(self, url: str) -> bool:
-            return url.startswith(self.schema)
-
-        @abc.abstractmethod
-        def create_connector(self, context): ...
-
-    class RemoteConnector(abc.ABC):
-        """A stand-in of LMCache's ``RemoteConnector``, used when LMCache is not installed.
-
-        The same attributes (``save_chunk_meta``, ``meta_fmt``, ``meta_shapes``,
-        ``meta_dtypes``, ``full_chunk_size_bytes``, ``single_token_size``) and
-        methods; the optional calls raise NotImplementedError, and so does
-        trimming a partial chunk, which needs LMCache's memory objects.
-        """
-
-        def __init__(self, config, metadata) -> None:
-            extra = getattr(config, "extra_config", None) or {}
-            self.config = config
-            self.metadata = metadata
-            self.save_chunk_meta = bool(extra.get("save_chunk_meta", True))
-            self.meta_fmt = "KV_MLA_FMT" if getattr(metadata, "use_mla", False) else "KV_2LTD"
-
-        @property
-        def meta_shapes(self) -> list:
-            return self.metadata.get_shapes()
-
-        @property
-        def meta_dtypes(self) -> list:
-            return self.metadata.get_dtypes()
-
-        @property
-        def full_chunk_size_bytes(self) -> int:
-            return sum(
-                math.prod(shape) * itemsize(dtype)
-                for shape, dtype in zip(self.meta_shapes, self.meta_dtypes, strict=True)
-            )
-
-        @property
-        def single_token_size(self) -> int:
-            return self.full_chunk_size_bytes // self.metadata.chunk_size
-
-        def reshape_partial_chunk(self, memory_obj, bytes_read: int):
-            raise NotImplementedError("trimming a partial chunk needs LMCache's memory objects")
-
-        def post_init(self) -> None:  # noqa: B027 (a hook, empty by default)
-            pass
-
-        @abc.abstractmethod
-        async def exists(self, key) -> bool: ...
-
-        @abc.abstractmethod
-        def exists_sync(self, key) -> bool: ...
-
-        @abc.abstractmethod
-        async def get(self, key): ...
-
-        @abc.abstractmethod
-        async def put(self, key, memory_obj) -> None: ...
-
-        @abc.abstractmethod
-        async def list(self) -> list[str]: ...
-
-        @abc.abstractmethod
-        async def close(self) -> None: ...
-
-        def support_ping(self) -> bool:
-            return False
-
-        async def ping(self) -> int:
-            raise NotImplementedError
-
-        def support_batched_get(self) -> bool:
-            return False
-
-        async def batched_get(self, keys) -> list:
-            raise NotImplementedError
-
-        def support_batched_put(self) -> bool:
-            return False
-
-        async def batched_put(self, keys, memory_objs) -> None:
-            raise NotImplementedError
-
-        def support_batched_async_contains(self) -> bool:
-            return False
-
-        async def batched_async_contains(self, lookup_id: str, keys, pin: bool = False) -> int:
-            raise NotImplementedError
-
-        def support_batched_get_non_blocking(self) -> bool:
-            return False
-
-        async def batched_get_non_blocking(self, lookup_id: str, keys) -> list:
-            raise NotImplementedError
-
-        def remove_sync(self, key) -> bool:
-            raise NotImplementedError
-
-        def support_batched_contains(self) -> bool:
-            return False
-
-        def batched_contains(self, keys) -> int:
-            raise NotImplementedError
-
+from emberfs.kvcache.lmchunk import payload as chunk_payload  # noqa: E402
+from emberfs.kvcache.store import KVCache  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -252,12 +145,15 @@ def plugin_settings(config, plugin_name: str, url: str | None = None) -> dict:
 
     The URL is ``url`` when it is an ``emberfs://`` URL, else the ``url``
     setting; its authority and path override the ``meta`` and ``path``
-    settings.
+    settings. Raises ValueError for a ``url`` setting of another scheme.
     """
     extra = getattr(config, "extra_config", None) or {}
     prefix = f"remote_storage_plugin.{plugin_name}."
     settings = {k.removeprefix(prefix): v for k, v in extra.items() if k.startswith(prefix)}
-    for candidate in (url, settings.get("url")):
+    given = settings.get("url")
+    if given is not None and not str(given).startswith(URL_SCHEMES):
+        raise ValueError(f"{prefix}url must be an emberfs://HOST:PORT/path URL, not {given!r}")
+    for candidate in (url, given):
         if candidate and str(candidate).startswith(URL_SCHEMES):
             parts = urlsplit(str(candidate))
             if parts.netloc:
@@ -266,6 +162,33 @@ def plugin_settings(config, plugin_name: str, url: str | None = None) -> dict:
                 settings["path"] = parts.path
             break
     return settings
+
+
+def count_setting(settings: dict, key: str, default: int, plugin_name: str) -> int:
+    """A positive whole number setting (``default`` when absent); ValueError otherwise."""
+    value = settings.get(key, default)
+    try:
+        number = int(value)
+        whole = not isinstance(value, bool) and float(value) == number
+    except (TypeError, ValueError):
+        whole = False
+    if not whole or number <= 0:
+        raise ValueError(
+            f"remote_storage_plugin.{plugin_name}.{key} must be a positive whole number, "
+            f"not {value!r}"
+        )
+    return number
+
+
+def flag_setting(settings: dict, key: str, default: bool, plugin_name: str) -> bool:
+    """A true/false setting (YAML booleans, or the words true/false/1/0/yes/no)."""
+    value = settings.get(key, default)
+    if isinstance(value, bool):
+        return value
+    words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if str(value).strip().lower() not in words:
+        raise ValueError(f"remote_storage_plugin.{plugin_name}.{key} must be true or false")
+    return words[str(value).strip().lower()]
 
 
 def _plugin_name(config, class_name: str) -> str:
@@ -286,7 +209,7 @@ class EmberConnector(RemoteConnector):
         LMCache's event loop (the coroutines run on whichever loop awaits them).
     local_cpu_backend : LocalCPUBackend
         Allocates the memory objects a get returns.
-    config : LMCacheEngineConfig, optional
+    config : LMCacheEngineConfig
         Its ``extra_config`` holds the settings (see the module docstring).
     metadata : LMCacheMetadata, optional
         The model's chunk shapes and dtypes; default ``local_cpu_backend.metadata``.
@@ -298,9 +221,10 @@ class EmberConnector(RemoteConnector):
 
     Attributes
     ----------
-    cache : KVCache
     fs : EmberFileSystem
         The filesystem instance of this connector (closed by :meth:`close`).
+    path : str
+        The cache directory.
     """
 
     def __init__(
@@ -315,6 +239,11 @@ class EmberConnector(RemoteConnector):
     ) -> None:
         if metadata is None:
             metadata = getattr(local_cpu_backend, "metadata", None)
+        if config is None or metadata is None:
+            raise ValueError(
+                "EmberConnector needs LMCache's engine config and the model's metadata "
+                "(LMCacheMetadata), given or as local_cpu_backend.metadata"
+            )
         super().__init__(config, metadata)
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
@@ -323,40 +252,79 @@ class EmberConnector(RemoteConnector):
         if plugin_name is None and url is not None and plugin_type(url) == PLUGIN_TYPE:
             plugin_name = url.removeprefix("plugin://")
         self.plugin_name = plugin_name or _plugin_name(config, type(self).__name__)
-        settings = plugin_settings(config, self.plugin_name, url)
+        name = self.plugin_name
+        settings = plugin_settings(config, name, url)
+        self.path = strip_protocol(str(settings.get("path") or DEFAULT_PATH))
+        given = settings.get("block_size")
+        self._block_size = None if given is None else count_setting(settings, "block_size", 0, name)
+        self._capacity = count_setting(settings, "capacity", DEFAULT_CAPACITY, name)
+        self._create = flag_setting(settings, "create", True, name)
+        workers = count_setting(settings, "workers", 8, name)
+        self._geometry = (list(self.meta_shapes), list(self.meta_dtypes))
+        self._cache: KVCache | None = None
+        self._lock = threading.Lock()
         self.fs = EmberFileSystem(
             settings.get("meta"), settings.get("token"), skip_instance_cache=True
         )
-        self.path = strip_protocol(str(settings.get("path") or DEFAULT_PATH))
-        block_size = settings.get("block_size")
-        block_size = int(block_size) if block_size else self._chunk_block_size()
-        create = bool(settings.get("create", True))
-        capacity = int(settings.get("capacity", DEFAULT_CAPACITY))
-        cache = KVCache.open_or_create(
-            self.path, block_size=block_size if create else None, capacity=capacity, fs=self.fs
-        )
-        if cache is None:
+        if not self._create and self._find_cache(write=False) is None:
             self.fs.close()
-            if create:
-                raise ValueError(
-                    f"no KV cache at {self.path}, and no block size to make one: give "
-                    f"remote_storage_plugin.{self.plugin_name}.block_size or the model's metadata"
-                )
             raise FileNotFoundError(errno.ENOENT, "no KV cache (and create is off)", self.path)
-        self.cache = cache
         self._executor = ThreadPoolExecutor(
-            max_workers=int(settings.get("workers", 8)), thread_name_prefix="emberfs-lmcache"
+            max_workers=workers, thread_name_prefix="emberfs-lmcache"
         )
 
-    def _chunk_block_size(self) -> int | None:
-        """A block for a full chunk of the model (and its header), None without metadata."""
-        if self.metadata is None:
-            return None
-        size = self.full_chunk_size_bytes
-        return size + HEADER_ROOM if self.save_chunk_meta else size
+    # the cache, made when first needed ------------------------------------------------------
+    def _refresh_geometry(self) -> None:
+        """Take the chunk shapes from the metadata again when they changed since the last look.
+
+        LMCache's base computes them once, when the connector is built; a model
+        whose KV layer groups are registered later changes them afterwards.
+        """
+        shapes, dtypes = list(self.metadata.get_shapes()), list(self.metadata.get_dtypes())
+        if (shapes, dtypes) == self._geometry:
+            return
+        self._geometry = (shapes, dtypes)
+        self.meta_shapes, self.meta_dtypes = shapes, dtypes
+        self.full_chunk_size_bytes = chunk_bytes(shapes, dtypes)
+        self.single_token_size = self.full_chunk_size_bytes // self.metadata.chunk_size
+
+    def block_size_wanted(self) -> int:
+        """The block size the connector makes the cache with: a full chunk now, and its header."""
+        if self._block_size is not None:
+            return self._block_size
+        self._refresh_geometry()
+        full = self.full_chunk_size_bytes
+        return full + HEADER_ROOM if self.save_chunk_meta else full
+
+    def _find_cache(self, write: bool) -> KVCache | None:
+        """The cache: opened when it exists, made for a write (None: missing, for a read).
+
+        The chunk shapes are taken again from the metadata on every call.
+        """
+        with self._lock:
+            self._refresh_geometry()
+            if self._cache is None:
+                size = self.block_size_wanted() if write and self._create else None
+                self._cache = KVCache.open_or_create(
+                    self.path, block_size=size, capacity=self._capacity, fs=self.fs
+                )
+                if self._cache is None and write:
+                    raise FileNotFoundError(
+                        errno.ENOENT, "no KV cache (and create is off)", self.path
+                    )
+            return self._cache
+
+    @property
+    def cache(self) -> KVCache:
+        """The KV cache (opened, or made when missing, on first use)."""
+        return self._find_cache(write=True)
+
+    def post_init(self) -> None:
+        """LMCache's hook after the connector is built: take the final chunk shapes, and open or make the cache."""
+        self._find_cache(write=True)
 
     def _name(self, key) -> str:
-        name = key.to_string() if hasattr(key, "to_string") else str(key)
+        name = key.to_string()
         return name if self.save_chunk_meta else name + RAW_SUFFIX
 
     async def _run(self, fn, *args):
@@ -364,22 +332,32 @@ class EmberConnector(RemoteConnector):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # reads ----------------------------------------------------------------------------------
+    def _allocate(self, shapes, dtypes, fmt):
+        """A memory object from the local CPU backend, evicting what it can; None when full.
+
+        Never waits for other requests to free memory (``busy_loop`` off): a
+        chunk without room is a miss, and the connector's thread is not held.
+        """
+        return self.local_cpu_backend.allocate(shapes, dtypes, fmt, eviction=True, busy_loop=False)
+
     def _get_blocking(self, keys) -> list:
         names = [self._name(k) for k in keys]
-        if not names:
-            return []
+        cache = self._find_cache(write=False) if names else None
+        if cache is None:
+            return [None] * len(names)
         if self.save_chunk_meta:
-            return [None if b is None else self._unpack(b) for b in self.cache.batch_get(names)]
-        return self._get_raw(names)
+            return [None if b is None else self._unpack(b) for b in cache.batch_get(names)]
+        return self._get_raw(cache, names)
 
     def _unpack(self, block: bytearray):
         """The memory object of a block with a header, or None (no header, no memory)."""
         try:
             header, start = ChunkHeader.decode(block)
+            allocation = header.allocation()
         except ValueError as exc:
             log.warning("a block of the KV cache %s is no chunk: %s", self.path, exc)
             return None
-        obj = self.local_cpu_backend.allocate(*header.allocation())
+        obj = self._allocate(*allocation)
         if obj is None:
             return None  # local memory is full
         dest = byte_view(obj)
@@ -390,15 +368,12 @@ class EmberConnector(RemoteConnector):
         dest[: header.length] = memoryview(block)[start : start + header.length]
         return obj
 
-    def _get_raw(self, names: list[str]) -> list:
+    def _get_raw(self, cache: KVCache, names: list[str]) -> list:
         """Chunks stored without a header, read straight into full-chunk memory objects."""
-        objs = [
-            self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt)
-            for _ in names
-        ]
+        objs = [self._allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt) for _ in names]
         wanted = [i for i, obj in enumerate(objs) if obj is not None]
         try:
-            got = self.cache.batch_get(
+            got = cache.batch_get(
                 [names[i] for i in wanted], into=[byte_view(objs[i]) for i in wanted]
             )
         except BaseException:
@@ -415,7 +390,7 @@ class EmberConnector(RemoteConnector):
             if nread != full:
                 try:
                     obj = self.reshape_partial_chunk(obj, nread)
-                except Exception:  # LMCache refuses a chunk that does not fit: a miss
+                except ValueError:  # LMCache refuses a chunk that does not fit: a miss
                     log.warning("a partial chunk of %d bytes cannot be used", nread, exc_info=True)
                     objs[i].ref_count_down()
                     continue
@@ -463,7 +438,16 @@ class EmberConnector(RemoteConnector):
             raise ValueError("batched_put needs one memory object per key")
         if not names:
             return
-        statuses = self.cache.batch_put(names, [self._pack(obj) for obj in objs])
+        cache = self._find_cache(write=True)
+        blocks = [self._pack(obj) for obj in objs]
+        for block in blocks:
+            if not 0 < len(block) <= cache.block_size:
+                raise ValueError(
+                    f"a chunk block of {len(block)} bytes does not fit the blocks of "
+                    f"{cache.block_size} bytes of the KV cache {self.path} (its block_size "
+                    "setting, or the model it was made for, is smaller)"
+                )
+        statuses = cache.batch_put(names, blocks)
         lost = [s.name for s in statuses if not s.present]
         if lost:
             log.warning(
@@ -488,7 +472,8 @@ class EmberConnector(RemoteConnector):
     # lookups and upkeep ---------------------------------------------------------------------
     def exists_sync(self, key) -> bool:
         """Whether ``key`` is stored (blocking)."""
-        return self.cache.exists(self._name(key))
+        cache = self._find_cache(write=False)
+        return cache is not None and cache.exists(self._name(key))
 
     async def exists(self, key) -> bool:
         """Whether ``key`` is stored."""
@@ -499,7 +484,9 @@ class EmberConnector(RemoteConnector):
 
     def batched_contains(self, keys) -> int:
         """How many leading ``keys`` are stored, in one index call (blocking)."""
-        return self.cache.batch_exists([self._name(k) for k in keys])
+        names = [self._name(k) for k in keys]
+        cache = self._find_cache(write=False) if names else None
+        return 0 if cache is None else cache.batch_exists(names)
 
     def support_batched_async_contains(self) -> bool:
         return True
@@ -510,11 +497,13 @@ class EmberConnector(RemoteConnector):
 
     def remove_sync(self, key) -> bool:
         """Remove ``key``; whether it was stored."""
-        return self.cache.delete([self._name(key)]) > 0
+        cache = self._find_cache(write=False)
+        return cache is not None and cache.delete([self._name(key)]) > 0
 
     def _list_blocking(self) -> list[str]:
+        cache = self._find_cache(write=False)
         out = []
-        for raw in self.cache.keys():
+        for raw in cache.keys() if cache is not None else ():
             name = raw.decode("utf-8", "replace")
             if name.endswith(RAW_SUFFIX) != (not self.save_chunk_meta):
                 continue  # a chunk of the other kind
@@ -528,10 +517,17 @@ class EmberConnector(RemoteConnector):
     def support_ping(self) -> bool:
         return True
 
+    def _ping_blocking(self) -> None:
+        cache = self._find_cache(write=False)
+        if cache is None:
+            self.fs.info("/")  # no cache yet: the metaserver answers
+        else:
+            cache.stats()
+
     async def ping(self) -> int:
-        """0 when the cache answers, else the error's errno."""
+        """0 when the cache (or, before it is made, the metaserver) answers, else the errno."""
         try:
-            await self._run(self.cache.stats)
+            await self._run(self._ping_blocking)
         except OSError as exc:
             return exc.errno or errno.EIO
         return 0
@@ -543,6 +539,9 @@ class EmberConnector(RemoteConnector):
     async def close(self) -> None:
         """Wait for the calls in flight, then release the threads and connections."""
         await asyncio.to_thread(self._close_blocking)
+
+    def __repr__(self) -> str:
+        return f"<EmberConnector {self.plugin_name} {self.path}>"
 
 
 class EmberConnectorAdapter(ConnectorAdapter):
@@ -557,7 +556,9 @@ class EmberConnectorAdapter(ConnectorAdapter):
 
     def create_connector(self, context) -> EmberConnector:
         """A connector for ``context`` (its URL, loop, local CPU backend, config, metadata)."""
-        name = getattr(context, "plugin_name", None)
+        if not self.can_parse(context.url):
+            raise ValueError(f"not an EmberFS URL: {context.url!r}")
+        name = getattr(context, "plugin_name", None)  # LMCache 0.4.4 and later
         if name is None and plugin_type(context.url) == PLUGIN_TYPE:
             name = context.url.removeprefix("plugin://")
         return EmberConnector(
@@ -566,5 +567,5 @@ class EmberConnectorAdapter(ConnectorAdapter):
             config=context.config,
             metadata=context.metadata,
             url=context.url,
-            plugin_name=name or PLUGIN_TYPE,
+            plugin_name=name or _plugin_name(context.config, type(self).__name__),
         )

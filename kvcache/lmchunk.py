@@ -3,27 +3,19 @@
 The header (:class:`ChunkHeader`) records the chunk's memory format, shapes,
 dtypes and length, so a reader can allocate the memory object before copying
 the bytes in. Dtypes and formats come back as torch dtypes and LMCache's
-``MemoryFormat`` when those are installed, as names otherwise.
+``MemoryFormat``: like :mod:`emberfs.kvcache.lmcache`, this module needs LMCache.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
 
-from emberfs.kvcache.layout import DTYPE_BYTES
-
-try:
-    import torch
-except ImportError:  # dtypes are then kept as names
-    torch = None
-
-try:
-    from lmcache.v1.memory_management import MemoryFormat
-except ImportError:
-    MemoryFormat = None
+import torch
+from lmcache.v1.memory_management import MemoryFormat
 
 HEADER_ROOM = 4096  # bytes a block keeps for the chunk header
 MAGIC = b"EKV1"
@@ -35,14 +27,11 @@ def dtype_name(dtype) -> str:
     return text.removeprefix("torch.")
 
 
-def itemsize(dtype) -> int:
-    size = getattr(dtype, "itemsize", None)
-    if isinstance(size, int):
-        return size
-    name = dtype_name(dtype).lower()
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return DTYPE_BYTES[name]
+def chunk_bytes(shapes, dtypes) -> int:
+    """Bytes of a chunk of these shapes and torch dtypes."""
+    return sum(
+        math.prod(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=True)
+    )
 
 
 def byte_view(obj) -> memoryview:
@@ -56,8 +45,7 @@ def byte_view(obj) -> memoryview:
 def payload(obj) -> memoryview:
     """The bytes of a chunk: ``get_size()`` bytes of its ``byte_array``."""
     view = byte_view(obj)
-    size = obj.get_size() if hasattr(obj, "get_size") else len(view)
-    return view[: min(size, len(view))]
+    return view[: min(obj.get_size(), len(view))]
 
 
 @dataclass(frozen=True)
@@ -76,16 +64,12 @@ class ChunkHeader:
     @classmethod
     def of(cls, memory_obj, length: int) -> ChunkHeader:
         """The header of ``memory_obj`` holding ``length`` bytes."""
-        if hasattr(memory_obj, "get_shapes"):
-            shapes, dtypes = memory_obj.get_shapes(), memory_obj.get_dtypes()
-        else:
-            shapes, dtypes = [memory_obj.get_shape()], [memory_obj.get_dtype()]
-        fmt = memory_obj.get_memory_format()
+        shapes, dtypes = memory_obj.get_shapes(), memory_obj.get_dtypes()
         return cls(
             length=length,
             shapes=[[int(n) for n in shape] for shape in shapes],
             dtypes=[dtype_name(d) for d in dtypes],
-            fmt=getattr(fmt, "name", None) or str(fmt),
+            fmt=memory_obj.get_memory_format().name,
         )
 
     def encode(self) -> bytes:
@@ -123,14 +107,11 @@ class ChunkHeader:
     def allocation(self) -> tuple[list, list, Any]:
         """``(shapes, dtypes, fmt)`` for ``local_cpu_backend.allocate``.
 
-        torch sizes and dtypes and LMCache's ``MemoryFormat`` where they are
-        installed, else tuples and names.
+        Raises ValueError for a dtype or format this torch or LMCache does not know.
         """
-        if torch is None:
-            shapes: list = [tuple(s) for s in self.shapes]
-            dtypes: list = list(self.dtypes)
-        else:
-            shapes = [torch.Size(s) for s in self.shapes]
-            dtypes = [getattr(torch, d) for d in self.dtypes]
-        fmt = MemoryFormat[self.fmt] if MemoryFormat is not None else self.fmt
-        return shapes, dtypes, fmt
+        dtypes = [getattr(torch, d, None) for d in self.dtypes]
+        if not all(isinstance(d, torch.dtype) for d in dtypes):
+            raise ValueError(f"a chunk of unknown dtypes {self.dtypes}")
+        if self.fmt not in MemoryFormat.__members__:
+            raise ValueError(f"a chunk of unknown memory format {self.fmt!r}")
+        return [torch.Size(s) for s in self.shapes], dtypes, MemoryFormat[self.fmt]

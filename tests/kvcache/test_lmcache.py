@@ -1,119 +1,96 @@
-"""The LMCache backend of the KV cache (EmberConnector) on the shared cluster."""
+"""The LMCache backend of the KV cache (EmberConnector) against LMCache's own classes.
+
+Every LMCache object here is LMCache's: its engine config and metadata, its
+CacheEngineKey, memory objects from its LocalCPUBackend, its connector
+factory (CreateConnector with the remote storage plugin launcher) and its
+RemoteBackend; the chunks go to a cache on the shared cluster.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import math
+import os
+import subprocess
+import sys
 import threading
-from dataclasses import dataclass, field
+from pathlib import Path
 
-import numpy as np
 import pytest
 
-from emberfs.kvcache import lmcache as lmc
-from emberfs.kvcache.lmcache import ChunkHeader, EmberConnector, EmberConnectorAdapter
+torch = pytest.importorskip("torch")
+pytest.importorskip("lmcache.v1.storage_backend.connector")
+
+from lmcache.utils import CacheEngineKey  # noqa: E402
+from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+from lmcache.v1.gpu_connector.utils import (  # noqa: E402
+    EngineType,
+    normalize_and_discover_per_layer_formats,
+)
+from lmcache.v1.kv_layer_groups import KVLayerGroupsManager  # noqa: E402
+from lmcache.v1.memory_management import MemoryFormat  # noqa: E402
+from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+from lmcache.v1.storage_backend.connector import (  # noqa: E402
+    ConnectorAdapter,
+    ConnectorContext,
+    CreateConnector,
+)
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector  # noqa: E402
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: E402
+
+from emberfs.kvcache import lmcache as lmc  # noqa: E402
+from emberfs.kvcache.lmcache import EmberConnector, EmberConnectorAdapter  # noqa: E402
+from emberfs.kvcache.lmchunk import ChunkHeader, byte_view  # noqa: E402
 
 CAPACITY = 1 << 20
+CHUNK = 16  # tokens of a chunk
+SHAPE = (2, 2, CHUNK, 64)  # LMCache's KV_2LTD chunk: K/V, 2 layers, tokens, 4 heads x 16
+FULL_CHUNK = 2 * 2 * CHUNK * 64 * 2  # float16
 
 
-@dataclass
-class ChunkMetadata:
-    """A stand-in of LMCache's LMCacheMetadata: chunks of 2 x 2 layers x tokens x 64 float16."""
-
-    chunk_size: int = 16
-    use_mla: bool = False
-
-    def get_shapes(self) -> list:
-        return [(2, 2, self.chunk_size, 64)]
-
-    def get_dtypes(self) -> list:
-        return [np.dtype("float16")]
-
-
-FULL_CHUNK = 2 * 2 * 16 * 64 * 2
-
-
-def _np_dtype(dtype) -> np.dtype:
-    return np.dtype(str(dtype).removeprefix("torch."))
+def metadata(**kwargs) -> LMCacheMetadata:
+    """A 2-layer model with 4 KV heads of 16 in float16, chunks of CHUNK tokens."""
+    args = dict(
+        model_name="org/model-7b",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.float16,
+        kv_shape=(2, 2, CHUNK, 4, 16),
+        chunk_size=CHUNK,
+    )
+    args.update(kwargs)
+    return LMCacheMetadata(**args)
 
 
-class MemoryObj:
-    """A stand-in of LMCache's MemoryObj; its byte_array is larger than its data, as aligned."""
-
-    def __init__(self, shapes, dtypes, fmt) -> None:
-        self.shapes = [tuple(int(n) for n in s) for s in shapes]
-        self.dtypes = [_np_dtype(d) for d in dtypes]
-        self.fmt = fmt
-        self.size = sum(
-            math.prod(s) * d.itemsize for s, d in zip(self.shapes, self.dtypes, strict=True)
-        )
-        self.byte_array = bytearray(self.size + 64)
-        self.refs = 1
-
-    def get_size(self) -> int:
-        return self.size
-
-    def get_shapes(self) -> list:
-        return self.shapes
-
-    def get_dtypes(self) -> list:
-        return self.dtypes
-
-    def get_memory_format(self):
-        return self.fmt
-
-    def ref_count_down(self) -> None:
-        self.refs -= 1
-
-    def data(self) -> bytes:
-        return bytes(self.byte_array[: self.size])
+def engine_config(extra: dict | None = None, plugins=None, **kwargs) -> LMCacheEngineConfig:
+    args = dict(chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.01, remote_serde="naive")
+    args.update(kwargs)
+    return LMCacheEngineConfig.from_defaults(
+        remote_storage_plugins=plugins, extra_config=extra, **args
+    )
 
 
-def chunk(seed: int, tokens: int = 16) -> MemoryObj:
-    obj = MemoryObj([(2, 2, tokens, 64)], ["float16"], "KV_2LTD")
-    obj.byte_array[: obj.size] = np.random.default_rng(seed).bytes(obj.size)
+def cpu_backend(meta=None, size_gb: float = 0.01) -> LocalCPUBackend:
+    return LocalCPUBackend(engine_config(max_local_cpu_size=size_gb), meta or metadata())
+
+
+def key(chunk_hash: int, worker_id: int = 0) -> CacheEngineKey:
+    return CacheEngineKey("org/model-7b", 1, worker_id, chunk_hash, torch.float16)
+
+
+def chunk(backend: LocalCPUBackend, seed: int, tokens: int = CHUNK):
+    """A memory object of ``backend`` holding random float16 KV of ``tokens`` tokens."""
+    shape = torch.Size([2, 2, tokens, 64])
+    obj = backend.allocate(shape, torch.float16, MemoryFormat.KV_2LTD)
+    assert obj is not None
+    gen = torch.Generator().manual_seed(seed)
+    obj.tensor.copy_(torch.randn(shape, generator=gen, dtype=torch.float32).half())
     return obj
 
 
-class LocalCPUBackend:
-    """A stand-in of LMCache's local CPU backend: allocates memory objects, ``room`` at most."""
-
-    def __init__(self, metadata=None, room: int | None = None) -> None:
-        self.metadata = metadata if metadata is not None else ChunkMetadata()
-        self.room = room
-        self.allocated: list[MemoryObj] = []
-
-    def allocate(self, shapes, dtypes, fmt="KV_2LTD", eviction=True, busy_loop=True):
-        if self.room is not None and len(self.allocated) >= self.room:
-            return None
-        obj = MemoryObj(shapes, dtypes, fmt)
-        self.allocated.append(obj)
-        return obj
-
-
-@dataclass
-class EngineConfig:
-    """A stand-in of LMCache's LMCacheEngineConfig."""
-
-    extra_config: dict = field(default_factory=dict)
-    remote_storage_plugins: list = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Key:
-    """A stand-in of LMCache's CacheEngineKey."""
-
-    chunk_hash: int
-    model_name: str = "org/model-7b"
-    world_size: int = 1
-    worker_id: int = 0
-    dtype: str = "half"
-
-    def to_string(self) -> str:
-        return (
-            f"{self.model_name}@{self.world_size}@{self.worker_id}@{self.chunk_hash:x}@{self.dtype}"
-        )
+def data(obj) -> bytes:
+    return bytes(obj.byte_array)
 
 
 @pytest.fixture
@@ -127,10 +104,11 @@ def connector(cluster, kv_path):
             "remote_storage_plugin.emberfs.capacity": CAPACITY,
         }
         extra.update({f"remote_storage_plugin.emberfs.{k}": v for k, v in settings.items()})
+        backend = backend if backend is not None else cpu_backend()
         conn = EmberConnector(
             loop=None,
-            local_cpu_backend=backend if backend is not None else LocalCPUBackend(),
-            config=EngineConfig(extra),
+            local_cpu_backend=backend,
+            config=engine_config(extra),
             url=f"emberfs://{cluster.meta_address}{kv_path}",
         )
         made.append(conn)
@@ -141,75 +119,93 @@ def connector(cluster, kv_path):
         asyncio.run(conn.close())
 
 
+def test_lmcache_classes_are_lmcaches():
+    assert issubclass(EmberConnector, RemoteConnector)
+    assert issubclass(EmberConnectorAdapter, ConnectorAdapter)
+    assert not EmberConnector.__abstractmethods__
+    assert lmc.lmcache_version() >= lmc.MIN_LMCACHE
+
+
 def test_lmcache_put_get_round_trip(connector):
-    backend = LocalCPUBackend()
+    backend = cpu_backend()
     conn = connector(backend)
-    full, partial = chunk(1), chunk(2, tokens=5)
+    full, partial = chunk(backend, 1), chunk(backend, 2, tokens=5)
 
     async def main():
-        await conn.put(Key(1), full)
-        await conn.put(Key(2), partial)
-        return await conn.get(Key(1)), await conn.get(Key(2)), await conn.get(Key(3))
+        await conn.put(key(1), full)
+        await conn.put(key(2), partial)
+        return await conn.get(key(1)), await conn.get(key(2)), await conn.get(key(3))
 
     got, got_partial, missing = asyncio.run(main())
-    assert full.refs == 1 and partial.refs == 1  # LMCache releases them, not the connector
+    assert full.get_ref_count() == 1 and partial.get_ref_count() == 1  # LMCache releases them
     assert missing is None
-    assert got in backend.allocated and got_partial in backend.allocated
-    assert got.data() == full.data()
-    assert got.shapes == [(2, 2, 16, 64)] and got.dtypes == [np.dtype("float16")]
-    assert got.fmt == "KV_2LTD"
+    assert got is not full and data(got) == data(full)
+    assert torch.equal(got.tensor, full.tensor)
+    assert got.get_shapes() == [torch.Size(SHAPE)] and got.get_dtypes() == [torch.float16]
+    assert got.get_memory_format() == MemoryFormat.KV_2LTD
     # a partial chunk comes back with its own shape
-    assert got_partial.shapes == [(2, 2, 5, 64)] and got_partial.data() == partial.data()
-    # the block holds the header and the chunk's data, not the slack of its byte_array
-    block = conn.cache.get(Key(1).to_string())
+    assert got_partial.get_shapes() == [torch.Size([2, 2, 5, 64])]
+    assert torch.equal(got_partial.tensor, partial.tensor)
+    # the block holds the header and the chunk's bytes
+    block = conn.cache.get(key(1).to_string())
     header, start = ChunkHeader.decode(block)
-    assert header.length == full.size and len(block) == start + full.size
+    assert header.length == FULL_CHUNK and len(block) == start + FULL_CHUNK
+    assert bytes(block[start:]) == data(full)
     assert conn.cache.block_size == FULL_CHUNK + lmc.HEADER_ROOM
 
 
 def test_lmcache_without_chunk_meta_reads_into_allocated_chunks(connector):
-    backend = LocalCPUBackend()
+    backend = cpu_backend()
     raw = connector(backend, save_chunk_meta=False)
-    obj = chunk(3)
+    assert not raw.save_chunk_meta
+    obj, partial = chunk(backend, 3), chunk(backend, 4, tokens=5)
 
     async def main():
-        await raw.put(Key(1), obj)
-        return await raw.get(Key(1)), await raw.get(Key(2))
+        await raw.put(key(1), obj)
+        await raw.put(key(2), partial)
+        return await raw.get(key(1)), await raw.get(key(2)), await raw.get(key(3))
 
-    got, missing = asyncio.run(main())
+    got, got_partial, missing = asyncio.run(main())
     assert missing is None
-    assert got.data() == obj.data() and got.shapes == [(2, 2, 16, 64)]
-    assert bytes(raw.cache.get(Key(1).to_string() + "#raw")) == obj.data()  # no header
-    # the object allocated for the miss went back
-    assert [o.refs for o in backend.allocated] == [1, 0]
+    assert torch.equal(got.tensor, obj.tensor) and got.get_shapes() == [torch.Size(SHAPE)]
+    # trimmed by LMCache's reshape_partial_chunk to the tokens stored
+    assert got_partial.get_shape() == torch.Size([2, 2, 5, 64])
+    assert torch.equal(got_partial.tensor, partial.tensor)
+    assert bytes(raw.cache.get(key(1).to_string() + "#raw")) == data(obj)  # no header
+    assert raw.cache.block_size == FULL_CHUNK
     # chunks with and without a header never mix
-    headed = connector(LocalCPUBackend())
-    assert not headed.exists_sync(Key(1))
+    headed = connector()
+    assert not headed.exists_sync(key(1))
     assert asyncio.run(headed.list()) == []
-    assert asyncio.run(raw.list()) == [Key(1).to_string()]
+    assert sorted(asyncio.run(raw.list())) == sorted([key(1).to_string(), key(2).to_string()])
 
 
 def test_lmcache_exists_and_remove(connector):
-    conn = connector()
+    backend = cpu_backend()
+    conn = connector(backend)
 
     async def exists():
-        return await conn.exists(Key(7))
+        return await conn.exists(key(7))
 
-    assert not asyncio.run(exists()) and not conn.exists_sync(Key(7))
-    asyncio.run(conn.put(Key(7), chunk(7)))
-    assert asyncio.run(exists()) and conn.exists_sync(Key(7))
-    assert conn.remove_sync(Key(7))
-    assert not conn.exists_sync(Key(7))
-    assert not conn.remove_sync(Key(7))
+    # before any put there is no cache: a miss, and nothing made
+    assert not asyncio.run(exists()) and not conn.exists_sync(key(7))
+    assert not conn.remove_sync(key(7)) and conn.batched_contains([key(7)]) == 0
+    asyncio.run(conn.put(key(7), chunk(backend, 7)))
+    assert asyncio.run(exists()) and conn.exists_sync(key(7))
+    assert not conn.exists_sync(key(7, worker_id=1))  # another rank's chunk
+    assert conn.remove_sync(key(7))
+    assert not conn.exists_sync(key(7))
+    assert not conn.remove_sync(key(7))
 
 
 def test_lmcache_batched_calls(connector):
-    backend = LocalCPUBackend()
+    backend = cpu_backend()
     conn = connector(backend)
     assert conn.support_batched_get() and conn.support_batched_put()
     assert conn.support_batched_contains() and conn.support_batched_async_contains()
-    objs = {0: chunk(10), 1: chunk(11), 3: chunk(13)}
-    keys = [Key(n) for n in range(4)]
+    assert conn.support_batched_get_non_blocking()
+    objs = {0: chunk(backend, 10), 1: chunk(backend, 11), 3: chunk(backend, 13)}
+    keys = [key(n) for n in range(4)]
 
     async def main():
         await conn.batched_put([keys[n] for n in objs], list(objs.values()))
@@ -220,28 +216,31 @@ def test_lmcache_batched_calls(connector):
 
     got, count, leading, listed = asyncio.run(main())
     assert got[2] is None
-    assert [got[n].data() for n in objs] == [o.data() for o in objs.values()]
-    assert count == 2
+    assert [data(got[n]) for n in objs] == [data(o) for o in objs.values()]
+    assert count == 2 and isinstance(count, int)
     assert conn.batched_contains(keys) == 2
     assert conn.batched_contains(keys[2:]) == 0
-    assert [o.data() for o in leading] == [objs[0].data(), objs[1].data()]
-    # the hit after the miss was read and given back
-    released = [o for o in backend.allocated if o.refs == 0]
-    assert len(released) == 1 and released[0].data() == objs[3].data()
+    assert [data(o) for o in leading] == [data(objs[0]), data(objs[1])]
+    assert all(o.get_ref_count() == 1 for o in leading)
     assert sorted(listed) == sorted(keys[n].to_string() for n in objs)
+    with pytest.raises(ValueError, match="one memory object per key"):
+        asyncio.run(conn.batched_put(keys, [objs[0]]))
+    assert asyncio.run(conn.batched_get([])) == []
 
 
 class GatedBackend(LocalCPUBackend):
-    """Allocation waits until two allocations are waiting: only concurrent gets get through."""
+    """LMCache's backend whose allocation waits until two are waiting: only concurrent gets pass."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(engine_config(), metadata())
         self.gate = threading.Barrier(2, timeout=30)
         self.threads: set[int] = set()
+        self.gated = False
 
     def allocate(self, *args, **kwargs):
-        self.threads.add(threading.get_ident())
-        self.gate.wait()
+        if self.gated:
+            self.threads.add(threading.get_ident())
+            self.gate.wait()
         return super().allocate(*args, **kwargs)
 
 
@@ -250,10 +249,11 @@ def test_lmcache_calls_do_not_block_the_event_loop(connector):
     conn = connector(backend)
 
     async def main():
-        await conn.batched_put([Key(1), Key(2)], [chunk(1), chunk(2)])
+        await conn.batched_put([key(1), key(2)], [chunk(backend, 1), chunk(backend, 2)])
+        backend.gated = True
         loop_thread = threading.get_ident()
         # a get that blocked the loop would wait at the gate for the other one forever
-        got = await asyncio.gather(conn.get(Key(1)), conn.get(Key(2)))
+        got = await asyncio.gather(conn.get(key(1)), conn.get(key(2)))
         return loop_thread, got
 
     loop_thread, got = asyncio.run(main())
@@ -261,36 +261,125 @@ def test_lmcache_calls_do_not_block_the_event_loop(connector):
     assert len(backend.threads) == 2 and loop_thread not in backend.threads
 
 
+def fill(backend: LocalCPUBackend) -> list:
+    """Allocate every chunk ``backend`` has room for (nothing is evictable)."""
+    held = []
+    meta = backend.metadata
+    while len(held) < 10_000:
+        obj = backend.allocate(
+            meta.get_shapes(), meta.get_dtypes(), MemoryFormat.KV_2LTD, busy_loop=False
+        )
+        if obj is None:
+            return held
+        held.append(obj)
+    raise AssertionError("the local CPU backend never filled")
+
+
 def test_lmcache_a_chunk_without_room_or_header_is_a_miss(connector):
-    full = connector(LocalCPUBackend(room=0))
-    raw = connector(LocalCPUBackend(room=0), save_chunk_meta=False)
-    asyncio.run(full.put(Key(1), chunk(1)))
-    asyncio.run(raw.put(Key(1), chunk(1)))
-    assert asyncio.run(full.get(Key(1))) is None
-    assert asyncio.run(raw.get(Key(1))) is None
-    # a block that is no chunk
-    full.cache.put(Key(2).to_string(), b"not a chunk")
-    assert asyncio.run(connector().get(Key(2))) is None
+    backend = cpu_backend(size_gb=0.0001)
+    full = connector(backend)
+    raw = connector(backend, save_chunk_meta=False)
+    obj = chunk(backend, 1)
+    asyncio.run(full.put(key(1), obj))
+    asyncio.run(raw.put(key(1), obj))
+    obj.ref_count_down()
+    held = fill(backend)
+    assert held  # the backend had room, and has none now
+    assert asyncio.run(full.get(key(1))) is None
+    assert asyncio.run(raw.get(key(1))) is None
+    assert asyncio.run(raw.batched_get_non_blocking("lookup", [key(1)])) == []
+    for o in held:
+        o.ref_count_down()
+    # blocks that are no chunk
+    full.cache.put(key(2).to_string(), b"not a chunk")
+    bad_dtype = ChunkHeader(length=4, shapes=[[2]], dtypes=["no_such_dtype"], fmt="KV_2LTD")
+    full.cache.put(key(3).to_string(), bad_dtype.encode() + b"\0" * 4)
+    assert asyncio.run(full.batched_get([key(2), key(3)])) == [None, None]
+    # and a chunk back in room is a hit again
+    assert torch.equal(asyncio.run(full.get(key(1))).tensor, chunk(backend, 1).tensor)
 
 
-def test_lmcache_ping(connector):
+def test_lmcache_ping(connector, cluster):
     conn = connector()
     assert conn.support_ping()
+    assert asyncio.run(conn.ping()) == 0  # no cache yet: the metaserver answers
+    assert conn.cache is not None
     assert asyncio.run(conn.ping()) == 0
 
 
 def test_lmcache_chunk_header_round_trip():
-    obj = chunk(5, tokens=3)
-    header = ChunkHeader.of(obj, obj.size)
-    block = header.encode() + obj.data()
+    backend = cpu_backend()
+    obj = chunk(backend, 5, tokens=3)
+    header = ChunkHeader.of(obj, obj.get_size())
+    block = header.encode() + data(obj)
     decoded, start = ChunkHeader.decode(block)
-    assert decoded == header and block[start:] == obj.data()
-    shapes, dtypes, fmt = decoded.allocation()
-    assert [tuple(s) for s in shapes] == [(2, 2, 3, 64)] and fmt == "KV_2LTD"
-    assert [_np_dtype(d) for d in dtypes] == [np.dtype("float16")]
+    assert decoded == header and block[start:] == data(obj)
+    assert decoded.allocation() == (
+        [torch.Size([2, 2, 3, 64])],
+        [torch.float16],
+        MemoryFormat.KV_2LTD,
+    )
     for bad in (b"", b"EKV1", b"XXXX" + block[4:], block[: start + 10]):
         with pytest.raises(ValueError):
             ChunkHeader.decode(bad)
+    with pytest.raises(ValueError, match="memory format"):
+        ChunkHeader(4, [[2]], ["float16"], "NO_FORMAT").allocation()
+
+
+def two_group_manager() -> KVLayerGroupsManager:
+    """LMCache's layer groups of a model of two kinds of layers: 2 of float16, 3 of bfloat16."""
+    kv = [torch.zeros(2, 8, 16, 4, 16, dtype=torch.float16) for _ in range(2)]
+    kv += [torch.zeros(2, 8, 16, 2, 32, dtype=torch.bfloat16) for _ in range(3)]
+    caches, formats = normalize_and_discover_per_layer_formats(kv, [], EngineType.VLLM)
+    return KVLayerGroupsManager(caches, formats, lmcache_tokens_per_chunk=CHUNK)
+
+
+def test_lmcache_block_size_is_the_final_chunk_size(cluster, kv_path):
+    """LMCache builds the connector before a multi-group model registers its layer groups."""
+    meta = metadata()
+    backend = cpu_backend(meta, size_gb=0.02)
+    config = engine_config({"remote_storage_plugin.emberfs.capacity": 8 << 20})
+    url = f"emberfs://{cluster.meta_address}{kv_path}"
+    conn = EmberConnector(local_cpu_backend=backend, config=config, url=url + "/one")
+    try:
+        assert conn.full_chunk_size_bytes == FULL_CHUNK
+        meta.kv_layer_groups_manager = two_group_manager()  # as the serving engine does later
+        final = 2 * 2 * CHUNK * 256 * 2 + 2 * 3 * CHUNK * 512 * 2
+        assert len(meta.get_shapes()) == 2
+        conn.post_init()  # LMCache's hook after the connector is built
+        assert conn.full_chunk_size_bytes == final
+        assert conn.single_token_size == final // CHUNK
+        assert conn.cache.block_size == final + lmc.HEADER_ROOM
+        # a chunk of both groups goes and comes back whole
+        obj = backend.allocate(meta.get_shapes(), meta.get_dtypes(), MemoryFormat.KV_2LTD)
+        view = byte_view(obj)
+        view[:] = os.urandom(len(view))
+        asyncio.run(conn.put(key(1), obj))
+        got = asyncio.run(conn.get(key(1)))
+        assert got.get_shapes() == meta.get_shapes() and data(got) == data(obj)
+    finally:
+        asyncio.run(conn.close())
+    # without post_init: the first put makes the cache with the size then
+    meta2 = metadata()
+    conn2 = EmberConnector(
+        local_cpu_backend=cpu_backend(meta2), config=config, url=url + "/two", metadata=meta2
+    )
+    try:
+        meta2.kv_layer_groups_manager = two_group_manager()
+        assert not conn2.exists_sync(key(1))  # a read makes no cache
+        meta2.kv_layer_groups_manager = None
+        meta2.kv_shape = (4, 2, CHUNK, 4, 16)  # or a changed model: 4 layers
+        backend2 = conn2.local_cpu_backend
+        obj = backend2.allocate(meta2.get_shapes(), meta2.get_dtypes(), MemoryFormat.KV_2LTD)
+        asyncio.run(conn2.put(key(1), obj))
+        assert conn2.cache.block_size == 2 * FULL_CHUNK + lmc.HEADER_ROOM
+        # a chunk bigger than the blocks is refused with the reason
+        meta2.kv_shape = (8, 2, CHUNK, 4, 16)
+        big = backend2.allocate(meta2.get_shapes(), meta2.get_dtypes(), MemoryFormat.KV_2LTD)
+        with pytest.raises(ValueError, match="does not fit the blocks"):
+            asyncio.run(conn2.put(key(2), big))
+    finally:
+        asyncio.run(conn2.close())
 
 
 def test_lmcache_adapter_parses_its_urls():
@@ -302,43 +391,46 @@ def test_lmcache_adapter_parses_its_urls():
         "plugin://emberfs.primary",
     ):
         assert adapter.can_parse(url), url
-    for url in ("plugin://fs", "plugin://emberfsx", "redis://127.0.0.1:6379", "fs:///tmp/kv"):
+    for url in ("plugin://fs", "plugin://emberfsx", "redis://127.0.0.1:6379", "fs:///tmp/kv", ""):
         assert not adapter.can_parse(url), url
+    context = ConnectorContext("redis://127.0.0.1:6379", None, cpu_backend(), engine_config(), None)
+    with pytest.raises(ValueError, match="not an EmberFS URL"):
+        adapter.create_connector(context)
 
 
 def test_lmcache_adapter_creates_connectors(cluster, kv_path):
-    backend = LocalCPUBackend()
+    backend = cpu_backend()
     url = f"emberfs://{cluster.meta_address}{kv_path}"
     capacity = {"remote_storage_plugin.emberfs.capacity": CAPACITY}
-    context = lmc.ConnectorContext(
-        url=url, loop=None, local_cpu_backend=backend, config=EngineConfig(capacity)
-    )
     adapter = EmberConnectorAdapter()
-    conn = adapter.create_connector(context)
-    # a plugin URL: the settings of the named plugin
+    # LMCache's context; without metadata the backend's is taken
+    conn = adapter.create_connector(
+        ConnectorContext(url, None, backend, engine_config(capacity), None)
+    )
     plugin = adapter.create_connector(
-        lmc.ConnectorContext(
-            url="plugin://emberfs.primary",
-            loop=None,
-            local_cpu_backend=backend,
-            config=EngineConfig({"remote_storage_plugin.emberfs.primary.url": url}),
-            metadata=backend.metadata,
+        ConnectorContext(
+            "plugin://emberfs.primary",
+            None,
+            backend,
+            engine_config({"remote_storage_plugin.emberfs.primary.url": url}),
+            backend.metadata,
             plugin_name="emberfs.primary",
         )
     )
     try:
-        assert conn.metadata is backend.metadata  # the backend's, as LMCache passes none
+        assert conn.metadata is backend.metadata
         assert conn.path == kv_path and plugin.path == kv_path
         assert plugin.plugin_name == "emberfs.primary"
-        asyncio.run(conn.put(Key(1), chunk(1)))
-        assert plugin.exists_sync(Key(1))
+        obj = chunk(backend, 1)
+        asyncio.run(conn.put(key(1), obj))
+        assert plugin.exists_sync(key(1))
+        assert data(asyncio.run(plugin.get(key(1)))) == data(obj)
     finally:
         asyncio.run(conn.close())
         asyncio.run(plugin.close())
 
 
-def test_lmcache_loads_the_way_lmcaches_plugin_launcher_does(cluster, kv_path):
-    backend = LocalCPUBackend()
+def plugin_config(cluster, kv_path, **kwargs) -> LMCacheEngineConfig:
     extra = {
         # an adapter class: instantiated without arguments, asked to parse plugin://<name>
         "remote_storage_plugin.emberfs.module_path": "emberfs.kvcache.lmcache",
@@ -346,50 +438,153 @@ def test_lmcache_loads_the_way_lmcaches_plugin_launcher_does(cluster, kv_path):
         "remote_storage_plugin.emberfs.meta": cluster.meta_address,
         "remote_storage_plugin.emberfs.path": kv_path,
         "remote_storage_plugin.emberfs.capacity": CAPACITY,
-        # a connector class: built with the loop, the local CPU backend and the config only
+        # a connector class: LMCache builds it with the loop, the backend and the config
+        # (and no plugin name: its settings are those of the plugin naming EmberConnector)
         "remote_storage_plugin.kv.module_path": "emberfs.kvcache.lmcache",
         "remote_storage_plugin.kv.class_name": "EmberConnector",
         "remote_storage_plugin.kv.url": f"emberfs://{cluster.meta_address}{kv_path}",
     }
-    config = EngineConfig(extra, remote_storage_plugins=["emberfs", "kv"])
+    return engine_config(extra, plugins=["emberfs", "kv"], **kwargs)
+
+
+def test_lmcache_loads_through_lmcaches_plugin_launcher(cluster, kv_path):
+    config = plugin_config(cluster, kv_path)
+    backend = cpu_backend()
+    meta = backend.metadata
     made = []
     try:
-        for name in config.remote_storage_plugins:
-            module = importlib.import_module(extra[f"remote_storage_plugin.{name}.module_path"])
-            cls = getattr(module, extra[f"remote_storage_plugin.{name}.class_name"])
-            if issubclass(cls, module.ConnectorAdapter):
-                adapter = cls()
-                url = f"plugin://{name}"
-                assert adapter.can_parse(url)
-                context = module.ConnectorContext(
-                    url=url,
-                    loop=None,
-                    local_cpu_backend=backend,
-                    config=config,
-                    metadata=backend.metadata,
-                    plugin_name=name,
-                )
-                made.append(adapter.create_connector(context))
-            else:
-                assert issubclass(cls, module.RemoteConnector)
-                made.append(cls(loop=None, local_cpu_backend=backend, config=config))
-        by_adapter, by_class = made
-        assert by_class.plugin_name == "kv"
-        assert by_adapter.path == by_class.path == kv_path
-        asyncio.run(by_adapter.put(Key(9), chunk(9)))
-        got = asyncio.run(by_class.get(Key(9)))
-        assert got is not None and got.data() == chunk(9).data()
+        for name in ("emberfs", "kv"):
+            made.append(CreateConnector(f"plugin://{name}", None, backend, config, meta, name))
+        # and the legacy remote_url, parsed by the adapter the plugins loaded
+        made.append(
+            CreateConnector(
+                f"emberfs://{cluster.meta_address}{kv_path}", None, backend, config, meta
+            )
+        )
+        assert [repr(c) for c in made] == [
+            f"InstrumentedRemoteConnector(<EmberConnector emberfs {kv_path}>)",
+            f"InstrumentedRemoteConnector(<EmberConnector kv {kv_path}>)",
+            f"InstrumentedRemoteConnector(<EmberConnector emberfs {kv_path}>)",
+        ]
+        by_adapter, by_class, by_url = made
+        obj = chunk(backend, 9)
+        obj.ref_count_up()  # LMCache's wrapper releases a reference after the put
+        asyncio.run(by_adapter.put(key(9), obj))
+        assert obj.get_ref_count() == 1
+        got = asyncio.run(by_class.get(key(9)))
+        assert got is not None and data(got) == data(obj)
+        assert by_url.batched_contains([key(9), key(10)]) == 1
     finally:
         for conn in made:
             asyncio.run(conn.close())
 
 
-def test_lmcache_connector_needs_a_cache_or_a_block_size(cluster, kv_path):
+def test_lmcache_remote_backend_stores_and_retrieves(cluster, kv_path):
+    """LMCache's RemoteBackend over the plugin, its event loop on a thread of its own."""
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+    config = plugin_config(cluster, kv_path)
+    backend = cpu_backend()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    remote = RemoteBackend(config, backend.metadata, loop, backend, "cpu", plugin_name="emberfs")
+    try:
+        assert remote.connection is not None
+        keys = [key(n) for n in range(3)]
+        objs = [chunk(backend, n) for n in range(2)]
+        remote.batched_submit_put_task(keys[:2], objs)
+        for _ in range(200):  # the puts run on LMCache's loop
+            if remote.batched_contains(keys) == 2:
+                break
+            threading.Event().wait(0.05)
+        assert remote.batched_contains(keys) == 2
+        assert remote.contains(keys[0]) and not remote.contains(keys[2])
+        got = remote.batched_get_blocking(keys)
+        assert got[2] is None and [data(g) for g in got[:2]] == [data(o) for o in objs]
+        assert remote.remove(keys[0]) and not remote.contains(keys[0])
+    finally:
+        remote.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_lmcache_connector_needs_metadata_and_good_settings(cluster, kv_path):
     url = f"emberfs://{cluster.meta_address}{kv_path}"
-    without_metadata = LocalCPUBackend()
-    without_metadata.metadata = None
-    with pytest.raises(ValueError, match="block size"):
-        EmberConnector(local_cpu_backend=without_metadata, config=EngineConfig(), url=url)
-    told_not_to = EngineConfig({"remote_storage_plugin.emberfs.create": False})
+    with pytest.raises(ValueError, match="metadata"):
+        EmberConnector(config=engine_config(), url=url)  # no backend, no metadata
+    told_not_to = engine_config({"remote_storage_plugin.emberfs.create": False})
     with pytest.raises(FileNotFoundError):
-        EmberConnector(local_cpu_backend=LocalCPUBackend(), config=told_not_to, url=url)
+        EmberConnector(local_cpu_backend=cpu_backend(), config=told_not_to, url=url)
+    bad = {
+        "block_size": "lots",
+        "capacity": 0,
+        "workers": -1,
+        "create": "perhaps",
+        "url": "redis://127.0.0.1:6379",
+    }
+    for name, value in bad.items():
+        config = engine_config({f"remote_storage_plugin.emberfs.{name}": value})
+        with pytest.raises(ValueError, match=f"remote_storage_plugin.emberfs.{name}"):
+            EmberConnector(local_cpu_backend=cpu_backend(), config=config)
+
+
+def test_lmcache_module_needs_lmcache():
+    """Without LMCache the module says what it needs; the rest of EmberFS imports."""
+    code = (
+        "import sys; sys.modules['lmcache'] = None\n"
+        "import emberfs.kvcache\n"
+        "try:\n"
+        "    import emberfs.kvcache.lmcache\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert "needs LMCache 0.3.15 or later" in out
+
+
+def documented_yaml() -> str:
+    """The YAML config of the LMCache section of docs/kvcache.md."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "kvcache.md").read_text()
+    section = doc[doc.index("### LMCache") :]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_lmcache_documented_config_enables_the_backend(cluster, kv_path, tmp_path, monkeypatch):
+    """The documented YAML, found through LMCACHE_CONFIG_FILE, read and used as LMCache does."""
+    from lmcache.v1.storage_backend import CreateStorageBackends
+
+    text = documented_yaml()
+    text = text.replace(
+        "emberfs://10.0.0.1:9400/kvcache/llama-70b", f"emberfs://{cluster.meta_address}{kv_path}"
+    )
+    text = text.replace("1099511627776", str(CAPACITY))
+    path = tmp_path / "lmcache-emberfs.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("LMCACHE_CONFIG_FILE", str(path))
+    # small enough for a test machine: LMCache's own environment overrides
+    monkeypatch.setenv("LMCACHE_CHUNK_SIZE", str(CHUNK))
+    monkeypatch.setenv("LMCACHE_MAX_LOCAL_CPU_SIZE", "0.01")
+    config = LMCacheEngineConfig.from_file(os.environ["LMCACHE_CONFIG_FILE"])
+    config.update_config_from_env()  # as LMCache's vLLM integration loads it
+    assert config.remote_storage_plugins == ["emberfs"] and config.chunk_size == CHUNK
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    backends = CreateStorageBackends(config, metadata(), loop, "cpu")
+    try:
+        remote = backends["RemoteBackend-emberfs"]
+        assert repr(remote.connection) == (
+            f"InstrumentedRemoteConnector(<EmberConnector emberfs {kv_path}>)"
+        )
+        obj = chunk(backends["LocalCPUBackend"], 4)
+        remote.submit_put_task(key(4), obj).result(30)
+        got = remote.get_blocking(key(4))
+        assert got is not None and torch.equal(got.tensor, obj.tensor)
+    finally:
+        for backend in backends.values():
+            backend.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
