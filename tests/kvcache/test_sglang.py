@@ -9,6 +9,10 @@ call goes to the real cluster.
 
 from __future__ import annotations
 
+import argparse
+import shlex
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,8 +26,15 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     PoolName,
     PoolTransfer,
 )
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa: E402
+    HybridCacheController,
+)
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
-from sglang.srt.observability.metrics_collector import StorageMetrics, StorageMetricsCollector  # noqa: E402
+from sglang.srt.observability.metrics_collector import (  # noqa: E402
+    StorageMetrics,
+    StorageMetricsCollector,
+)
+from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from benchmarks.sglpools import fill, mamba_pool, mha_pool, mla_pool, page_bytes, slots  # noqa: E402
 from emberfs.kvcache.sglang import EmberHiCacheStorage  # noqa: E402
@@ -405,3 +416,37 @@ def test_hicache_v2_moves_a_hybrid_models_pools(hicache, kv_path):
     backend.clear()
     assert exists(keys, trailing) == (0, {}, [])
     assert backend.stores["mamba"].cache.stats().used_blocks == 0
+
+
+def launch_command() -> list[str]:
+    """The arguments of the ``sglang.launch_server`` command in docs/kvcache.md."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "kvcache.md").read_text()
+    block = text.split("python -m sglang.launch_server", 1)[1].split("```", 1)[0]
+    return shlex.split(block.replace("\\\n", " "))
+
+
+def test_hicache_the_documented_launch_command_works(cluster, kv_path):
+    """SGLang's own argument parser and extra-config parser take the docs' command as written."""
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(launch_command())
+    assert args.enable_hierarchical_cache and args.hicache_storage_backend == "dynamic"
+    extra, *_ = HybridCacheController.parse_storage_backend_extra_config(
+        args.hicache_storage_backend_extra_config
+    )
+    assert extra["interface_v1"] == 1  # what makes SGLang call batch_get_v1 / batch_set_v1
+    extra.update(emberfs_meta=cluster.meta_address, emberfs_path=kv_path, emberfs_capacity=CAPACITY)
+    pool = mha_pool(args.hicache_mem_layout, page_size=args.page_size, tokens=4 * args.page_size)
+    backend = StorageBackendFactory.create_backend(
+        args.hicache_storage_backend, storage_config(extra), pool
+    )
+    try:
+        backend.register_mem_pool_host(pool)
+        assert backend.kv.plan.direct  # the documented layout reads in place
+        fill(pool, 45)
+        saved = page_bytes(pool, 0)
+        assert backend.batch_set_v1(["l0"], slots(pool, 0, 1)) == [True]
+        assert backend.batch_get_v1(["l0"], slots(pool, 2, 1)) == [True]
+        assert torch.equal(page_bytes(pool, 2), saved)
+    finally:
+        backend.close()
