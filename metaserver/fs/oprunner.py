@@ -288,5 +288,7 @@ _RESPONSES: dict[str, type[Message]] = {
     "Hardlink": meta_pb2.HardlinkResponse,
     "Truncate": meta_pb2.TruncateResponse,
     "SetAttr": meta_pb2.SetAttrResponse,
+    "SetXattr": meta_pb2.SetXattrResponse,
+    "RemoveXattr": meta_pb2.RemoveXattrResponse,
     "SetLayout": meta_pb2.SetLayoutResponse,
 }
