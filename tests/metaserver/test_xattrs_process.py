@@ -52,7 +52,10 @@ def test_xattrs_answer_statuses_and_survive_kill_9(any_metaserver):  # noqa: F81
     meta.Remove(meta_pb2.RemoveRequest(ctx=ctx(), path="/gone"), timeout=10)
 
     # every refusal: its status, and the errno the client raises
-    assert refusal(lambda: get("/d/f", "user.missing")) == (grpc.StatusCode.NOT_FOUND, errno.ENODATA)
+    assert refusal(lambda: get("/d/f", "user.missing")) == (
+        grpc.StatusCode.NOT_FOUND,
+        errno.ENODATA,
+    )
     assert refusal(lambda: get("/nowhere", "user.x")) == (grpc.StatusCode.NOT_FOUND, errno.ENOENT)
     assert refusal(lambda: put("/d/f", "system.posix_acl_access", b"")) == (
         grpc.StatusCode.INVALID_ARGUMENT,
