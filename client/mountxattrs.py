@@ -7,6 +7,7 @@ the metaserver checks the mount's identity and the rules and limits of
 :mod:`emberfs.metaserver.fs.ops.xattrs`. libfuse's size protocol (a size 0
 query answers the length, a buffer too small ERANGE) is mfusepy's. A path
 names the object itself: a symlink's own attributes, as the kernel resolved it.
+A listing shows ``trusted.*`` names to callers of uid 0 only, as Linux does.
 
 Values read are remembered per inode with the ctime they were read at
 (:class:`XattrCache`); every change of an inode's attributes changes its ctime,
@@ -23,7 +24,7 @@ import threading
 from collections import OrderedDict
 
 from emberfs.client import xattrs
-from emberfs.client.fusebind import fuse_errors
+from emberfs.client.fusebind import caller_uid, fuse_errors
 
 REMEMBERED_INODES = 4096
 
@@ -94,7 +95,10 @@ class XattrOps:
 
     @fuse_errors
     def listxattr(self, path: str) -> list[str]:
-        return xattrs.listxattr(self.meta, path, follow=False)
+        names = xattrs.listxattr(self.meta, path, follow=False)
+        if caller_uid() != 0:  # trusted.* is root's, whoever the mount acts as (as Linux lists)
+            names = [n for n in names if not n.startswith("trusted.")]
+        return names
 
     @fuse_errors
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:

@@ -8,6 +8,7 @@ import ctypes.util
 import errno
 import os
 import struct
+import subprocess
 
 import pytest
 
@@ -147,3 +148,51 @@ def test_writes_ask_the_metaserver_for_no_attribute_each(mdir, efs, cluster):
     assert calls < writes // 4, (calls, writes)
     assert efs.cat_file(f"{remote}/w") == data
     assert os.getxattr(path, "user.tag") == b"t"
+
+
+def test_another_user_is_checked_by_the_kernel(cluster, mounter):
+    """With ``--allow-other`` each caller meets Linux's rules: mode bits for ``user.*``,
+    ``trusted.*`` hidden and unreadable, changes of ``trusted.*`` and ``security.*`` refused."""
+    mp = mounter(cluster.meta_address, "--allow-other")
+    base = os.path.join(str(mp), f"xattr-{os.getpid()}")
+    os.mkdir(base, 0o755)
+    shared, private = f"{base}/shared", f"{base}/private"
+    for path, mode in ((shared, 0o666), (private, 0o600)):
+        open(path, "wb").close()
+        os.chmod(path, mode)
+        os.setxattr(path, "user.u", b"u")
+        os.setxattr(path, "trusted.t", b"t")
+    script = (
+        "import errno, os\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "out = []\n"
+        "def run(call):\n"
+        "    try:\n"
+        "        r = call(); out.append(repr(r))\n"
+        "    except OSError as e:\n"
+        "        out.append(errno.errorcode[e.errno])\n"
+        f"s, p = {shared!r}, {private!r}\n"
+        "run(lambda: sorted(os.listxattr(s)))\n"
+        "run(lambda: os.getxattr(s, 'user.u'))\n"
+        "run(lambda: os.setxattr(s, 'user.mine', b'm'))\n"
+        "run(lambda: os.getxattr(s, 'trusted.t'))\n"
+        "run(lambda: os.setxattr(s, 'trusted.x', b''))\n"
+        "run(lambda: os.setxattr(s, 'security.x', b''))\n"
+        "run(lambda: os.getxattr(p, 'user.u'))\n"
+        "run(lambda: os.setxattr(p, 'user.x', b''))\n"
+        "print('|'.join(out))\n"
+    )
+    done = subprocess.run(["python", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().split("|") == [
+        "['user.u']",
+        "b'u'",
+        "None",
+        "ENODATA",
+        "EPERM",
+        "EPERM",
+        "EACCES",
+        "EACCES",
+    ]
+    assert os.getxattr(shared, "user.mine") == b"m"
+    assert sorted(os.listxattr(shared)) == ["trusted.t", "user.mine", "user.u"]
