@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 
@@ -233,3 +234,31 @@ def test_refusals_change_nothing(ns):
             call()
     assert ns.stat(meta_pb2.StatRequest(path="/home/f")).attr == attr
     assert names(ns, "/home/f") == ["user.a"] and get(ns, "/home/f", "user.a") == b"1"
+
+
+def test_on_etcd_the_attributes_come_with_the_walk(etcd):
+    """Where every read is a round trip, a warm walk fetches the inode's attributes with it."""
+    from emberfs.metaserver.store.etcd import EtcdEngine
+
+    engine = EtcdEngine(etcd.url(f"xattr-walk-{os.getpid()}"))
+    try:
+        ns = Namespace(engine, chain_table=lambda: [1])
+        ns.mkdir(meta_pb2.MkdirRequest(path="/a"))
+        ns.create(meta_pb2.CreateRequest(path="/a/f"))
+        put(ns, "/a/f", "user.x", b"1", ctx=ROOT)
+        trips = []
+        for method in ("read", "read_many"):
+            original = getattr(engine, method)
+
+            def counted(*args, _original=original, _method=method):
+                trips.append(_method)
+                return _original(*args)
+
+            setattr(engine, method, counted)
+        resp = ns.stat(meta_pb2.StatRequest(path="/a/f", xattrs=True))
+        assert [(x.name, x.value) for x in resp.xattrs] == [("user.x", b"1")]
+        assert get(ns, "/a/f", "user.x", ctx=ROOT) == b"1"
+        assert names(ns, "/a/f", ctx=ROOT) == ["user.x"]
+        assert trips == ["read_many"] * 3
+    finally:
+        engine.close()
