@@ -24,7 +24,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import tokenize
 
-from emberfs.client import plan
+from emberfs.client import plan, xattrs
 from emberfs.client.core import Client
 from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, attr_info, is_a_directory
@@ -173,8 +173,36 @@ class EmberFileSystem(AbstractFileSystem):
 
     # attributes ------------------------------------------------------------------
     def info(self, path, **kwargs) -> dict:
+        """fsspec's ``info``, one ``Stat``; ``"xattrs"`` ({name: value}) when the inode has
+        extended attributes the caller may read."""
         path = self._strip_protocol(path)
-        return attr_info(path, self.client.meta.stat(path, follow=True))
+        attr, held = xattrs.stat_with_xattrs(self.client.meta, path, follow=True)
+        info = attr_info(path, attr)
+        if held:
+            info["xattrs"] = held
+        return info
+
+    # extended attributes (docs/client.md#extended-attributes) -------------------------
+    def getxattr(self, path, name, follow_symlinks: bool = True) -> bytes:
+        """The value of the extended attribute ``name`` (``OSError(ENODATA)`` when not set)."""
+        path = self._strip_protocol(path)
+        return xattrs.getxattr(self.client.meta, path, name, follow_symlinks)
+
+    def listxattr(self, path, follow_symlinks: bool = True) -> list[str]:
+        """The names of the extended attributes of ``path``, in name order."""
+        path = self._strip_protocol(path)
+        return xattrs.listxattr(self.client.meta, path, follow_symlinks)
+
+    def setxattr(self, path, name, value, flags: int = 0, follow_symlinks: bool = True) -> None:
+        """Set ``name`` to ``value``; ``flags`` as ``os.setxattr``'s (``os.XATTR_CREATE``,
+        ``os.XATTR_REPLACE``)."""
+        path = self._strip_protocol(path)
+        xattrs.setxattr(self.client.meta, path, name, value, flags, follow_symlinks)
+
+    def removexattr(self, path, name, follow_symlinks: bool = True) -> None:
+        """Remove the extended attribute ``name`` (``OSError(ENODATA)`` when not set)."""
+        path = self._strip_protocol(path)
+        xattrs.removexattr(self.client.meta, path, name, follow_symlinks)
 
     def ls(self, path, detail: bool = True, **kwargs):
         path = self._strip_protocol(path)
@@ -191,7 +219,7 @@ class EmberFileSystem(AbstractFileSystem):
 
     def exists(self, path, **kwargs) -> bool:
         try:
-            self.info(path)
+            self.client.meta.stat(self._strip_protocol(path), follow=True)
             return True
         except (FileNotFoundError, NotADirectoryError):
             return False

@@ -117,7 +117,7 @@ def serve(operations, mountpoint: str, *, debug: bool = False, fsname: str = "em
 class _Context(ctypes.Structure):
     """The head of libfuse3's ``struct fuse_context`` (the fields used here)."""
 
-    _fields_ = [("fuse", ctypes.c_void_p)]
+    _fields_ = [("fuse", ctypes.c_void_p), ("uid", ctypes.c_uint32)]
 
 
 _LIB = None
@@ -143,3 +143,9 @@ def invalidate_path(path: str) -> None:
     ctx = lib.fuse_get_context()
     if ctx:
         lib.fuse_invalidate_path(ctx.contents.fuse, path.encode("utf-8", "surrogateescape"))
+
+
+def caller_uid() -> int | None:
+    """The uid of the process whose request is being served (None outside a request)."""
+    ctx = _library().fuse_get_context()
+    return ctx.contents.uid if ctx and ctx.contents.fuse else None

@@ -54,6 +54,7 @@ from emberfs.client.fusebind import fuse_errors, invalidate_path
 from emberfs.client.handles import OpenHandle
 from emberfs.client.mountcache import AttrCache, Versions, content_version
 from emberfs.client.mountfiles import Descriptor, OpenNode
+from emberfs.client.mountxattrs import XattrCache, XattrOps
 from emberfs.client.readahead import SharedReadahead
 from emberfs.proto import common_pb2, meta_pb2
 
@@ -105,8 +106,9 @@ class MountOptions:
     allow_other: bool = False
 
 
-class EmberFuse:
-    """The FUSE operations of a mount, on one :class:`~emberfs.client.core.Client`.
+class EmberFuse(XattrOps):
+    """The FUSE operations of a mount, on one :class:`~emberfs.client.core.Client`
+    (extended attributes: :class:`~emberfs.client.mountxattrs.XattrOps`).
 
     Parameters
     ----------
@@ -122,6 +124,7 @@ class EmberFuse:
         self.client = client
         self.options = options
         self.attrs = AttrCache(options.attr_timeout)
+        self.xattr_cache = XattrCache()
         self._nodes: dict[int, OpenNode] = {}
         self._nodes_lock = threading.Lock()
         self._handles: dict[int, Descriptor] = {}

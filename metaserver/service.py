@@ -145,6 +145,18 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def SetAttr(self, request, context):
         return self._call(self.namespace.setattr, request, context)
 
+    def GetXattr(self, request, context):
+        return self._call(self.namespace.get_xattr, request, context)
+
+    def ListXattr(self, request, context):
+        return self._call(self.namespace.list_xattr, request, context)
+
+    def SetXattr(self, request, context):
+        return self._call(self.namespace.set_xattr, request, context)
+
+    def RemoveXattr(self, request, context):
+        return self._call(self.namespace.remove_xattr, request, context)
+
     def StatFs(self, request, context):
         return self._call(self.namespace.statfs, request, context)
 

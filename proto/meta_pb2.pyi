@@ -17,30 +17,43 @@ class OpenFlags(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPEN_EXCLUSIVE: _ClassVar[OpenFlags]
     OPEN_TRUNCATE: _ClassVar[OpenFlags]
     OPEN_APPEND: _ClassVar[OpenFlags]
+
+class XattrFlags(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    XATTR_ANY: _ClassVar[XattrFlags]
+    XATTR_CREATE: _ClassVar[XattrFlags]
+    XATTR_REPLACE: _ClassVar[XattrFlags]
 OPEN_READ: OpenFlags
 OPEN_WRITE: OpenFlags
 OPEN_CREATE: OpenFlags
 OPEN_EXCLUSIVE: OpenFlags
 OPEN_TRUNCATE: OpenFlags
 OPEN_APPEND: OpenFlags
+XATTR_ANY: XattrFlags
+XATTR_CREATE: XattrFlags
+XATTR_REPLACE: XattrFlags
 
 class StatRequest(_message.Message):
-    __slots__ = ("ctx", "path", "inode", "follow")
+    __slots__ = ("ctx", "path", "inode", "follow", "xattrs")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    XATTRS_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     path: str
     inode: int
     follow: bool
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., inode: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+    xattrs: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., inode: _Optional[int] = ..., follow: _Optional[bool] = ..., xattrs: _Optional[bool] = ...) -> None: ...
 
 class StatResponse(_message.Message):
-    __slots__ = ("attr",)
+    __slots__ = ("attr", "xattrs")
     ATTR_FIELD_NUMBER: _ClassVar[int]
+    XATTRS_FIELD_NUMBER: _ClassVar[int]
     attr: _common_pb2.InodeAttr
-    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+    xattrs: _containers.RepeatedCompositeFieldContainer[Xattr]
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ...) -> None: ...
 
 class BatchStatRequest(_message.Message):
     __slots__ = ("ctx", "paths", "follow")
@@ -449,6 +462,88 @@ class SetAttrRequest(_message.Message):
     def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., no_follow: _Optional[bool] = ...) -> None: ...
 
 class SetAttrResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class Xattr(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: bytes
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class GetXattrRequest(_message.Message):
+    __slots__ = ("ctx", "path", "name", "follow")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    name: str
+    follow: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., name: _Optional[str] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class GetXattrResponse(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: bytes
+    def __init__(self, value: _Optional[bytes] = ...) -> None: ...
+
+class ListXattrRequest(_message.Message):
+    __slots__ = ("ctx", "path", "follow")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    follow: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class ListXattrResponse(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetXattrRequest(_message.Message):
+    __slots__ = ("ctx", "path", "name", "value", "flags", "follow")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    name: str
+    value: bytes
+    flags: int
+    follow: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[bytes] = ..., flags: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class SetXattrResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
+
+class RemoveXattrRequest(_message.Message):
+    __slots__ = ("ctx", "path", "name", "follow")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    name: str
+    follow: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., name: _Optional[str] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class RemoveXattrResponse(_message.Message):
     __slots__ = ("attr",)
     ATTR_FIELD_NUMBER: _ClassVar[int]
     attr: _common_pb2.InodeAttr

@@ -135,6 +135,26 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.SetAttrRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.SetAttrResponse.FromString,
                 _registered_method=True)
+        self.GetXattr = channel.unary_unary(
+                '/emberfs.MetaService/GetXattr',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.GetXattrRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.GetXattrResponse.FromString,
+                _registered_method=True)
+        self.ListXattr = channel.unary_unary(
+                '/emberfs.MetaService/ListXattr',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.ListXattrRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.ListXattrResponse.FromString,
+                _registered_method=True)
+        self.SetXattr = channel.unary_unary(
+                '/emberfs.MetaService/SetXattr',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.SetXattrRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.SetXattrResponse.FromString,
+                _registered_method=True)
+        self.RemoveXattr = channel.unary_unary(
+                '/emberfs.MetaService/RemoveXattr',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.RemoveXattrRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.RemoveXattrResponse.FromString,
+                _registered_method=True)
         self.StatFs = channel.unary_unary(
                 '/emberfs.MetaService/StatFs',
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.StatFsRequest.SerializeToString,
@@ -330,6 +350,30 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetXattr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListXattr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetXattr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveXattr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StatFs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -517,6 +561,26 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.SetAttr,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.SetAttrRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.SetAttrResponse.SerializeToString,
+            ),
+            'GetXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetXattr,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.GetXattrRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.GetXattrResponse.SerializeToString,
+            ),
+            'ListXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListXattr,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.ListXattrRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.ListXattrResponse.SerializeToString,
+            ),
+            'SetXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetXattr,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.SetXattrRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.SetXattrResponse.SerializeToString,
+            ),
+            'RemoveXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveXattr,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.RemoveXattrRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.RemoveXattrResponse.SerializeToString,
             ),
             'StatFs': grpc.unary_unary_rpc_method_handler(
                     servicer.StatFs,
@@ -1129,6 +1193,114 @@ class MetaService:
             '/emberfs.MetaService/SetAttr',
             emberfs_dot_proto_dot_meta__pb2.SetAttrRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.SetAttrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/GetXattr',
+            emberfs_dot_proto_dot_meta__pb2.GetXattrRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.GetXattrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/ListXattr',
+            emberfs_dot_proto_dot_meta__pb2.ListXattrRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.ListXattrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/SetXattr',
+            emberfs_dot_proto_dot_meta__pb2.SetXattrRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.SetXattrResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/RemoveXattr',
+            emberfs_dot_proto_dot_meta__pb2.RemoveXattrRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.RemoveXattrResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -96,6 +96,23 @@ def predicted_keys(op: OpContext, path: str) -> list[bytes]:
     return out
 
 
+def predicted_inode(op: OpContext, path: str) -> int | None:
+    """The inode a walk of ``path`` is expected to end at (None: the path cache does not know)."""
+    cache = op.env.paths
+    if cache is None:
+        return None
+    try:
+        components = paths.split_path(path)
+    except EmberError:
+        return None
+    inode = records.ROOT_INODE
+    for comp in components:
+        inode = cache.get(inode, comp)
+        if inode is None:
+            return None
+    return inode
+
+
 def prefetch_paths(op: OpContext, path_list, extra: list[bytes] = ()) -> None:
     """Fetch what walks of ``path_list`` are expected to read (and ``extra``) at once."""
     if op.env.paths is None:

@@ -50,6 +50,7 @@ from emberfs.metaserver.fs.ops import (
     stat,
     statfs,
     truncate,
+    xattrs,
 )
 from emberfs.metaserver.fs.ops import setattr as setattr_op
 from emberfs.metaserver.kvcache.index import KVIndex
@@ -237,6 +238,14 @@ class Namespace:
     def readlink(self, req: meta_pb2.ReadlinkRequest) -> meta_pb2.ReadlinkResponse:
         """The target of a symlink."""
         return self.runner.run(links.readlink, req, None)
+
+    def get_xattr(self, req: meta_pb2.GetXattrRequest) -> meta_pb2.GetXattrResponse:
+        """The value of an extended attribute."""
+        return self.runner.run(xattrs.get_xattr, req, None)
+
+    def list_xattr(self, req: meta_pb2.ListXattrRequest) -> meta_pb2.ListXattrResponse:
+        """The names of an inode's extended attributes."""
+        return self.runner.run(xattrs.list_xattr, req, None)
 
     def statfs(self, req: meta_pb2.StatFsRequest) -> meta_pb2.StatFsResponse:
         """Storage capacity and usage, and inode counts."""
@@ -437,6 +446,14 @@ class Namespace:
     def setattr(self, req: meta_pb2.SetAttrRequest) -> meta_pb2.SetAttrResponse:
         """Change mode, owner, group or mtime."""
         return self.runner.run(setattr_op.setattr_, req, "SetAttr")
+
+    def set_xattr(self, req: meta_pb2.SetXattrRequest) -> meta_pb2.SetXattrResponse:
+        """Set an extended attribute."""
+        return self.runner.run(xattrs.set_xattr, req, "SetXattr")
+
+    def remove_xattr(self, req: meta_pb2.RemoveXattrRequest) -> meta_pb2.RemoveXattrResponse:
+        """Remove an extended attribute."""
+        return self.runner.run(xattrs.remove_xattr, req, "RemoveXattr")
 
     def set_layout(self, req: meta_pb2.SetLayoutRequest) -> meta_pb2.SetLayoutResponse:
         """Set the layout of a directory."""

@@ -157,6 +157,7 @@ class OpContext:
 
     def delete_inode(self, attr: common_pb2.InodeAttr) -> None:
         self.txn.delete(keys.inode_key(attr.inode))
+        self.txn.delete(keys.xattr_key(attr.inode))  # a blind delete: no read, no conflict
         self._counted(attr.type, -1)
         if attr.type == common_pb2.DIRECTORY:
             self.txn.delete(keys.dir_guard_key(attr.inode))

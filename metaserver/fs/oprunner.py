@@ -154,6 +154,10 @@ class OpRunner:
                 keys.idempotent_key(req.ctx.client_id, req.ctx.request_id),
                 inodecounts.shard_key(op.shard),
             ]
+        if req.DESCRIPTOR.name in _XATTR_REQUESTS or getattr(req, "xattrs", False):
+            inode = getattr(req, "inode", 0) or lookup.predicted_inode(op, req.path)
+            if inode:  # the inode's extended attributes, with the walk
+                extra.append(keys.xattr_key(inode))
         lookup.prefetch_paths(op, [p for p in wanted if p], extra)
 
     def run_each(
@@ -276,6 +280,10 @@ class OpRunner:
             return dict(self.by_type)
 
 
+_XATTR_REQUESTS = frozenset(
+    {"GetXattrRequest", "ListXattrRequest", "SetXattrRequest", "RemoveXattrRequest"}
+)
+
 _RESPONSES: dict[str, type[Message]] = {
     "Mkdir": meta_pb2.MkdirResponse,
     "Create": meta_pb2.CreateResponse,
@@ -288,5 +296,7 @@ _RESPONSES: dict[str, type[Message]] = {
     "Hardlink": meta_pb2.HardlinkResponse,
     "Truncate": meta_pb2.TruncateResponse,
     "SetAttr": meta_pb2.SetAttrResponse,
+    "SetXattr": meta_pb2.SetXattrResponse,
+    "RemoveXattr": meta_pb2.RemoveXattrResponse,
     "SetLayout": meta_pb2.SetLayoutResponse,
 }

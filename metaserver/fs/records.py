@@ -10,6 +10,8 @@ Keys come from :mod:`emberfs.metaserver.store.keys`; this module fixes the value
   (see below). Names are never empty and never start with NUL, so this key
   sorts before every entry of the directory and listings skip it by starting
   after ``prefix + b"\\x00"``.
+- ``XATR`` + inode id: the inode's extended attributes, :func:`encode_xattrs`
+  (absent when it has none; deleted with the inode).
 - ``SESS`` + inode id + session id: :data:`SESSION_FORMAT` (opened-at time,
   last-renewed time) followed by the UTF-8 client id.
 - ``SESS`` + inode id alone: the file's *session guard*.
@@ -42,6 +44,7 @@ DENTRY_FORMAT = struct.Struct("<QB")
 SESSION_FORMAT = struct.Struct("<qq")
 IDEMPOTENT_FORMAT = struct.Struct("<qB")
 CUT_FORMAT = struct.Struct("<QQ")
+XATTR_FORMAT = struct.Struct("<BI")  # name length, value length
 _U64_LE = struct.Struct("<Q")
 
 ROOT_INODE = 1
@@ -76,6 +79,32 @@ def decode_dentry(raw: bytes) -> Dentry:
     """A directory entry from its stored form."""
     inode, file_type = DENTRY_FORMAT.unpack(raw)
     return Dentry(inode, file_type)
+
+
+def encode_xattrs(xattrs: dict[str, bytes]) -> bytes:
+    """The stored form of an inode's extended attributes: per name, in name order,
+    :data:`XATTR_FORMAT` (name and value lengths), the UTF-8 name, the value."""
+    out = bytearray()
+    for name in sorted(xattrs):
+        raw = name.encode("utf-8")
+        value = xattrs[name]
+        out += XATTR_FORMAT.pack(len(raw), len(value))
+        out += raw
+        out += value
+    return bytes(out)
+
+
+def decode_xattrs(raw: bytes | None) -> dict[str, bytes]:
+    """An inode's extended attributes from their stored form (None: it has none)."""
+    xattrs: dict[str, bytes] = {}
+    pos = 0
+    while raw and pos < len(raw):
+        n, size = XATTR_FORMAT.unpack_from(raw, pos)
+        pos += XATTR_FORMAT.size
+        name = raw[pos : pos + n].decode("utf-8")
+        xattrs[name] = raw[pos + n : pos + n + size]
+        pos += n + size
+    return xattrs
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import struct
 INODE = b"INOD"  # INOD + inode id (u64 LE)            -> Inode record
 DENTRY = b"DENT"  # DENT + parent id (u64 BE) + name    -> DirEntry record
 #                  DENT + directory id (u64 BE)         -> entry guard (dir_guard_key)
+XATTR = b"XATR"  # XATR + inode id (u64 BE)            -> the inode's extended attributes
 # write sessions and idempotency
 SESSION = b"SESS"  # SESS + inode id (u64 BE) + session id (u64 BE) -> Session record
 #                   SESS + inode id (u64 BE)             -> session guard (session_guard_key)
@@ -50,6 +51,7 @@ KV_STATS = b"KVCS"  # KVCS + cache id + shard (u8)     -> counters (kvcache.entr
 ALL_PREFIXES = (
     INODE,
     DENTRY,
+    XATTR,
     SESSION,
     IDEMPOTENT,
     CUT,
@@ -112,6 +114,10 @@ def dir_guard_key(directory: int) -> bytes:
     before every entry of the directory.
     """
     return dentry_prefix(directory)
+
+
+def xattr_key(inode: int) -> bytes:
+    return XATTR + _U64_BE.pack(inode)
 
 
 def session_prefix(inode: int) -> bytes:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from emberfs.common.errors import EmberError, InvalidArgument, NotFound
 from emberfs.metaserver.fs import lookup
 from emberfs.metaserver.fs.opcontext import OpContext
+from emberfs.metaserver.fs.ops import xattrs
 from emberfs.proto import common_pb2, meta_pb2
 
 MAX_BATCH = 10000
@@ -17,6 +18,8 @@ def stat(op: OpContext, req: meta_pb2.StatRequest) -> meta_pb2.StatResponse:
 
     By id there is no path to check permissions on, so none are checked; an
     unlinked file that is still open stays visible by id until its last close.
+    With ``xattrs``, the extended attributes whose values the caller may read
+    come too (:func:`~emberfs.metaserver.fs.ops.xattrs.readable_xattrs`).
     """
     if req.inode:
         if req.path:
@@ -24,9 +27,12 @@ def stat(op: OpContext, req: meta_pb2.StatRequest) -> meta_pb2.StatResponse:
         attr = op.get_inode(req.inode)
         if attr is None:
             raise NotFound(f"no inode {req.inode}")
-        return meta_pb2.StatResponse(attr=attr)
-    attr = lookup.resolve(op, req.path, follow=req.follow).require(req.path)
-    return meta_pb2.StatResponse(attr=attr)
+    else:
+        attr = lookup.resolve(op, req.path, follow=req.follow).require(req.path)
+    resp = meta_pb2.StatResponse(attr=attr)
+    if req.xattrs:
+        resp.xattrs.extend(xattrs.readable_xattrs(op, attr))
+    return resp
 
 
 def per_path(paths, attr_of: Callable[[str], common_pb2.InodeAttr], results) -> None:
