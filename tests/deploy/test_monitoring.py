@@ -375,7 +375,8 @@ def _traffic(c: MonitoredCluster, token: str) -> None:
 @in_docker
 def test_every_dashboard_query_and_alert_expression_returns_data(monitored: MonitoredCluster):
     c = monitored
-    _traffic(c, c.settings()["EMBERFS_ADMIN_TOKEN"])
+    # the admin token: the suite's (EMBERFS_ADMIN_TOKEN), else the one 'up' made
+    _traffic(c, c.env.get("EMBERFS_ADMIN_TOKEN") or c.settings()["EMBERFS_ADMIN_TOKEN"])
     queries = dashboard_queries() + [
         (f"alert {r['alert']}", with_bool(r["expr"])) for r in alert_rules()
     ]
