@@ -515,7 +515,7 @@ cmd_up() {
     local servers svc port aport octet prometheus=""
     if monitoring; then
         prometheus="
-  prometheus       http://127.0.0.1:$EMBERFS_PROMETHEUS_PORT/  (in the cluster network: ${EMBERFS_NET_PREFIX}.50:9090); alerts: /alerts
+  prometheus       http://127.0.0.1:$EMBERFS_PROMETHEUS_PORT/  (in the cluster network: ${EMBERFS_NET_PREFIX}.50:9090), its HTTP API: /api/v1/alerts
                    Grafana dashboard to import: $DEPLOY_DIR/monitoring/emberfs-dashboard.json"
     fi
     if ha; then
