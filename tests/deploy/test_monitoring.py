@@ -5,7 +5,7 @@ The files checked (deploy/monitoring/): ``prometheus.yml`` (what Prometheus scra
 
 Without Docker: the dashboard's structure as Grafana reads it (required keys, panel types,
 datasource references, unique ids and refIds, a grid without overlaps), the rules' labels
-and annotations, and that every EmberFS metric either names is one the servers define.
+and annotations, and that every EmberFS metric they name is one the servers define.
 
 With Docker, on one cluster started by ``deploy/cluster.sh up --monitoring``: Prometheus
 scrapes every server, ``promtool`` (from the Prometheus container) passes the rules and the
