@@ -11,6 +11,7 @@
 # written anywhere in the repository.
 #
 # usage: deploy/base-image.sh [--force] [--image NAME] [--mirror URL]
+#        deploy/base-image.sh --print-mirror   (the Debian archive it would use)
 #
 # The image is reused while it exists and was made by the same recipe (the
 # suite, the packages and the build steps below, whose digest the image
@@ -24,6 +25,7 @@ PACKAGES="python3,python3-venv,ca-certificates,etcd-server,etcd-client,fuse3"
 RECIPE_LABEL="org.emberfs.base-recipe"
 FORCE=0
 MIRROR=""
+PRINT_MIRROR=0
 
 # The comment block at the top of this file.
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -33,6 +35,7 @@ while [[ $# -gt 0 ]]; do
         --force) FORCE=1 ;;
         --image) IMAGE="$2"; shift ;;
         --mirror) MIRROR="$2"; shift ;;
+        --print-mirror) PRINT_MIRROR=1 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "base-image.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -113,6 +116,13 @@ recipe() {
     { echo "$SUITE"; echo "$PACKAGES"; declare -f build_rootfs import_rootfs; } \
         | sha256sum | cut -d' ' -f1
 }
+
+if [[ "$PRINT_MIRROR" -eq 1 ]]; then
+    MIRROR="${MIRROR:-$(find_mirror | head -n 1)}"
+    [[ -n "$MIRROR" ]] || { echo "base-image.sh: no Debian $SUITE main archive in the apt sources" >&2; exit 1; }
+    echo "$MIRROR"
+    exit 0
+fi
 
 RECIPE="$(recipe)"
 OLD_ID="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"

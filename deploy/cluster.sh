@@ -4,12 +4,16 @@
 # usage: deploy/cluster.sh COMMAND [ARGS...]
 #
 # commands:
-#   build         base image (cached), wheels (cached), server image
-#   up [--ha]     build, start the cluster, wait until every container is
+#   build         base image (cached), wheels (cached), server image (and the
+#                 Prometheus image of a project with monitoring)
+#   up [--ha] [--monitoring]
+#                 build, start the cluster, wait until every container is
 #                 healthy and the metaserver reports every target serving;
 #                 --ha: the HA profile (docker-compose.ha.yml: three etcd
 #                 members, two metaservers on them), kept for the project
-#                 until 'down'; 'up' then also waits for a leader
+#                 until 'down'; 'up' then also waits for a leader;
+#                 --monitoring: also Prometheus (docker-compose.monitoring.yml,
+#                 deploy/monitoring/), kept for the project until 'down'
 #   down          stop the cluster and remove its containers, network, volumes
 #   status        containers and targets
 #   logs [ARGS]   compose logs (e.g. logs -f storage1)
@@ -28,6 +32,9 @@
 #   EMBERFS_HA               1: the HA profile (as 'up --ha')       [0]
 #   EMBERFS_META2_PORT       metaserver2 gRPC port on 127.0.0.1 (HA) [9410]
 #   EMBERFS_ADMIN2_PORT      metaserver2 admin API port (HA)        [9411]
+#   EMBERFS_MONITORING       1: with Prometheus (as 'up --monitoring') [0]
+#   EMBERFS_PROMETHEUS_PORT  Prometheus's HTTP port on 127.0.0.1     [9090]
+#   EMBERFS_PROMETHEUS_IMAGE Prometheus image tag           [emberfs-prometheus:latest]
 #   EMBERFS_NET_PREFIX       /24 subnet of the cluster network, as three
 #                            octets; picked free when unset         [172.29.83 if free]
 #   EMBERFS_TARGETS          targets per storage server             [2]
@@ -40,6 +47,8 @@ ROOT="$(cd "$DEPLOY_DIR/.." && pwd)"
 CACHE="$DEPLOY_DIR/.cache"
 COMPOSE_FILE="$DEPLOY_DIR/docker-compose.yml"
 HA_FILE="$DEPLOY_DIR/docker-compose.ha.yml"
+MONITORING_FILE="$DEPLOY_DIR/docker-compose.monitoring.yml"
+PROMETHEUS_SERVICE=prometheus
 STORAGE_SERVICES=(storage1 storage2 storage3)
 CLIENT_SERVICE=client  # mounts EmberFS at /mnt/emberfs (FUSE)
 ETCD_SERVICES=(etcd1 etcd2 etcd3)
@@ -80,11 +89,15 @@ compose() {
     fi
     local files=(-f "$COMPOSE_FILE")
     if ha; then files+=(-f "$HA_FILE"); fi
+    if monitoring; then files+=(-f "$MONITORING_FILE"); fi
     "${COMPOSE_BIN[@]}" -p "$PROJECT" "${files[@]}" "$@"
 }
 
 # Whether this cluster runs the HA profile (known after load_settings).
 ha() { [[ "${EMBERFS_HA:-0}" == 1 ]]; }
+
+# Whether this cluster runs Prometheus (known after load_settings).
+monitoring() { [[ "${EMBERFS_MONITORING:-0}" == 1 ]]; }
 
 # The metaservers, one "service host-gRPC-port host-admin-port last-octet" line each.
 metaservers() {
@@ -98,6 +111,7 @@ services() {
     metaservers | cut -d' ' -f1
     printf '%s\n' "${STORAGE_SERVICES[@]}"
     echo "$CLIENT_SERVICE"
+    if monitoring; then echo "$PROMETHEUS_SERVICE"; fi
 }
 
 # ---------------------------------------------------------------- locking
@@ -158,6 +172,9 @@ load_settings() {
     export EMBERFS_HA="${EMBERFS_HA:-0}"
     export EMBERFS_META2_PORT="${EMBERFS_META2_PORT:-9410}"
     export EMBERFS_ADMIN2_PORT="${EMBERFS_ADMIN2_PORT:-9411}"
+    export EMBERFS_MONITORING="${EMBERFS_MONITORING:-0}"
+    export EMBERFS_PROMETHEUS_PORT="${EMBERFS_PROMETHEUS_PORT:-9090}"
+    export EMBERFS_PROMETHEUS_IMAGE="${EMBERFS_PROMETHEUS_IMAGE:-emberfs-prometheus:latest}"
 }
 
 save_settings() {
@@ -173,6 +190,11 @@ save_settings() {
         if ha; then
             echo "EMBERFS_META2_PORT=$EMBERFS_META2_PORT"
             echo "EMBERFS_ADMIN2_PORT=$EMBERFS_ADMIN2_PORT"
+        fi
+        echo "EMBERFS_MONITORING=$EMBERFS_MONITORING"
+        if monitoring; then
+            echo "EMBERFS_PROMETHEUS_PORT=$EMBERFS_PROMETHEUS_PORT"
+            echo "EMBERFS_PROMETHEUS_IMAGE=$EMBERFS_PROMETHEUS_IMAGE"
         fi
     } >"$STATE_FILE"
 }
@@ -232,6 +254,24 @@ build_wheels() {
     fi
 }
 
+# The Prometheus image (deploy/Dockerfile.prometheus): Debian's prometheus package on
+# the base image, from the Debian archive of this machine's apt sources when the base
+# is the local one. Docker's layer cache keeps it until the base or the recipe changes.
+build_prometheus() {
+    local mirror="" out
+    if [[ "$BASE_IMAGE" == "emberfs-base:bookworm" ]]; then
+        mirror="$("$DEPLOY_DIR/base-image.sh" --print-mirror)"
+    fi
+    out="$(mktemp /tmp/emberfs-build.XXXXXX)"
+    CLEANUP+=("$out")
+    if ! docker build --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "APT_MIRROR=$mirror" \
+        -t "$EMBERFS_PROMETHEUS_IMAGE" - <"$DEPLOY_DIR/Dockerfile.prometheus" >"$out" 2>&1; then
+        tail -n 40 "$out" >&2
+        die "docker build of the Prometheus image failed"
+    fi
+    docker image prune -f --filter "label=org.emberfs.image=prometheus" >/dev/null
+}
+
 cmd_build() {
     local t0 t held=$LOCKED
     load_settings
@@ -260,6 +300,11 @@ cmd_build() {
         | tail -n +2 | xargs -r docker rmi >/dev/null 2>&1 || true
     t=$(date +%s)
     log "image $EMBERFS_IMAGE ready ($((t - t0)) s, $(docker image inspect -f '{{.Size}}' "$EMBERFS_IMAGE") bytes)"
+    if monitoring; then
+        build_prometheus
+        t=$(date +%s)
+        log "image $EMBERFS_PROMETHEUS_IMAGE ready ($((t - t0)) s)"
+    fi
     [[ "$held" -eq 1 ]] || unlock
 }
 
@@ -428,6 +473,7 @@ cmd_up() {
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --ha) want_ha=1 ;;
+            --monitoring) export EMBERFS_MONITORING=1 ;;
             *) die "up: unknown argument $1 (see --help)" ;;
         esac
         shift
@@ -466,7 +512,12 @@ cmd_up() {
     if [[ "$EMBERFS_INSECURE" == 1 ]]; then
         security="NONE (EMBERFS_INSECURE=1): anyone who reaches a port may do anything"
     fi
-    local servers svc port aport octet
+    local servers svc port aport octet prometheus=""
+    if monitoring; then
+        prometheus="
+  prometheus       http://127.0.0.1:$EMBERFS_PROMETHEUS_PORT/  (in the cluster network: ${EMBERFS_NET_PREFIX}.50:9090), its HTTP API: /api/v1/alerts
+                   Grafana dashboard to import: $DEPLOY_DIR/monitoring/emberfs-dashboard.json"
+    fi
     if ha; then
         servers="  etcd             ${EMBERFS_NET_PREFIX}.31:2379 (etcd1)  ${EMBERFS_NET_PREFIX}.32:2379 (etcd2)  ${EMBERFS_NET_PREFIX}.33:2379 (etcd3)"
         while read -r svc port aport octet; do
@@ -485,7 +536,7 @@ $servers
   storage servers  ${EMBERFS_NET_PREFIX}.11:9510  ${EMBERFS_NET_PREFIX}.12:9520  ${EMBERFS_NET_PREFIX}.13:9530
   client           EmberFS mounted at /mnt/emberfs: $0 compose exec client ls -l /mnt/emberfs
   security         $security
-  client config    $CLIENT_CONFIG  (also $SECRETS_DIR/client.toml)
+  client config    $CLIENT_CONFIG  (also $SECRETS_DIR/client.toml)$prometheus
 Use it from this host (the client config holds the address and the token):
   emberfs put ./file /file && emberfs ls /
   python -c "import fsspec; print(fsspec.filesystem('emberfs').ls('/'))"
@@ -521,6 +572,7 @@ cmd_env() {
     echo "EMBERFS_COMPOSE_PROJECT=$PROJECT"
     echo "EMBERFS_META=$(meta_addresses)"
     echo "EMBERFS_ADMIN_URL=$(admin_url)"
+    if monitoring; then echo "EMBERFS_PROMETHEUS_URL=http://127.0.0.1:$EMBERFS_PROMETHEUS_PORT"; fi
     echo "EMBERFS_CLUSTER_KEY=$SECRETS_DIR/cluster.key"
     if [[ -s "$SECRETS_DIR/admin.token" ]]; then
         echo "EMBERFS_ADMIN_TOKEN=$(cat "$SECRETS_DIR/admin.token")"

@@ -26,7 +26,7 @@ from emberfs.common.stalls import live_addresses
 from emberfs.storageserver import metrics
 from emberfs.storageserver.admission import Admission
 from emberfs.storageserver.chunkstore import ChunkStore
-from emberfs.storageserver.connection import OP_NAMES, Connection, serve
+from emberfs.storageserver.connection import CLIENT, OP_NAMES, Connection, serve
 from emberfs.storageserver.forwarding import Successors
 from emberfs.storageserver.reads import Reads
 from emberfs.storageserver.replica import Replica
@@ -221,6 +221,8 @@ class DataServer:
             if name is not None:
                 metrics.CHUNK_OPS.labels(name, framing.status_name(conn.status)).inc()
                 metrics.CHUNK_OP_LATENCY.labels(name).observe(time.perf_counter() - started)
+            if conn.kind == CLIENT and conn.status == Status.OK and frame.header.data_len:
+                metrics.count_client(conn.peer, written=frame.header.data_len)
 
     def _handle(self, conn: Connection, op: int, frame: framing.Frame, req) -> bool:
         try:

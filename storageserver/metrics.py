@@ -12,6 +12,11 @@ Metrics
     Chunk data bytes sent to readers.
 ``emberfs_storage_written_bytes_total{target}``
     Chunk data bytes stored by writes (from clients, forwarded and resync copies).
+``emberfs_storage_client_read_bytes_total{client}``, ``emberfs_storage_client_written_bytes_total{client}``
+    Chunk data bytes sent to a client and received in its writes answered OK, by the
+    client's address (servers' connections, and every connection when the cluster runs
+    without authentication, are not counted; :data:`MAX_CLIENT_LABELS` addresses at
+    most, later ones as ``other``).
 ``emberfs_storage_chunk_ops_total{op, status}``
     Chunk operations (``read``, ``write``, ``forward``, ``truncate``, ``remove``)
     by framing status name (``OK``, ``STALE_CHAIN``, ...).
@@ -111,6 +116,20 @@ SCRUB_REPAIRED = Gauge(
     ["target"],
     registry=REGISTRY,
 )
+CLIENT_READ_BYTES = Counter(
+    "emberfs_storage_client_read_bytes",
+    "Chunk data bytes sent to clients, by client address.",
+    ["client"],
+    registry=REGISTRY,
+)
+CLIENT_WRITTEN_BYTES = Counter(
+    "emberfs_storage_client_written_bytes",
+    "Chunk data bytes of client writes answered OK, by client address.",
+    ["client"],
+    registry=REGISTRY,
+)
+MAX_CLIENT_LABELS = 64
+"""Client addresses the client byte counters name; the ones after them count as ``other``."""
 RESYNC_CHUNKS = Counter(
     "emberfs_storage_resync_chunks",
     "Chunks a resync copied to or removed from a syncing successor, by chain.",
@@ -129,6 +148,61 @@ RESYNCS = Counter(
     ["result"],
     registry=REGISTRY,
 )
+
+for _result in ("done", "failed"):
+    RESYNCS.labels(_result)  # both series from the start, at 0
+
+
+class ClientLabels:
+    """The label of each client address: itself for the first ``limit`` seen, then ``other``.
+
+    Keeps the number of series of the per-client counters bounded whatever the
+    number of clients.
+    """
+
+    OTHER = "other"
+
+    def __init__(self, limit: int = MAX_CLIENT_LABELS) -> None:
+        self.limit = limit
+        self._named: set[str] = set()
+        self._lock = threading.Lock()
+
+    def label(self, address: str) -> str:
+        with self._lock:
+            if address in self._named:
+                return address
+            if len(self._named) < self.limit:
+                self._named.add(address)
+                return address
+            return self.OTHER
+
+
+_client_labels = ClientLabels()
+
+
+def count_client(peer, read: int = 0, written: int = 0) -> None:
+    """Record chunk data bytes sent to (``read``) or written by a client at ``peer``.
+
+    ``peer`` is the socket address of the client's connection (its host is the label).
+    """
+    host = peer[0] if isinstance(peer, tuple) else str(peer)
+    label = _client_labels.label(str(host))
+    if read:
+        CLIENT_READ_BYTES.labels(label).inc(read)
+    if written:
+        CLIENT_WRITTEN_BYTES.labels(label).inc(written)
+
+
+def export_target(target_id: int) -> None:
+    """Export the per-target counters of ``target_id`` at 0 until they count something.
+
+    An alert on the increase of, say, checksum errors then has a series to watch from
+    the node's start, not only from its first error.
+    """
+    label = str(target_id)
+    for counter in (BYTES_READ, BYTES_WRITTEN, CHECKSUM_ERRORS, SCRUB_BYTES, SCRUB_DAMAGED):
+        counter.labels(label)
+
 
 _totals_lock = threading.Lock()
 _read_total: dict[int, int] = {}

@@ -375,6 +375,8 @@ class Node:
             stores[tid] = store
         self._target_ids = list(resp.target_ids)
         self._stores = stores
+        for tid in stores:
+            metrics.export_target(tid)
         self.set_routing(resp.routing)
         self._lease.extend(sent, resp.lease_seconds)
         self.metaserver.set_cluster_address(resp.cluster_address)

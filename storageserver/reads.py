@@ -9,9 +9,10 @@ from emberfs.common import framing, wire
 from emberfs.common.framing import Op, Status
 from emberfs.common.routing import RoutingView
 from emberfs.proto import data_pb2
+from emberfs.storageserver import metrics
 from emberfs.storageserver import replication as rp
 from emberfs.storageserver.chunkstore import ChunkStore
-from emberfs.storageserver.connection import Connection
+from emberfs.storageserver.connection import CLIENT, Connection
 from emberfs.storageserver.metrics import IoCounters
 
 
@@ -78,4 +79,6 @@ class Reads:
             finally:
                 conn.sock.settimeout(self._frame_timeout)
             self._counters.count(req.target_id, read=plan.send_length)
+            if conn.kind == CLIENT:
+                metrics.count_client(conn.peer, read=plan.send_length)
         return None
