@@ -44,6 +44,9 @@ class LocalCluster:
         Data ports of the storage servers; each also uses the next port (gRPC)
         and the one after (Prometheus metrics). None picks free ports.
     heartbeat_timeout : float, default 5.0
+    trash_days : float, default 0.0
+        The metaservers' ``--trash-days``: a cluster made here keeps no trash
+        unless asked (``emberfs up`` asks for its own default of 1 day).
     extra_meta_args, extra_storage_args : list[str]
         Passed through to the commands.
     kv : str, default "rocksdb"
@@ -84,6 +87,7 @@ class LocalCluster:
     admin_port: int = 0
     storage_ports: list[int] | None = None
     heartbeat_timeout: float = 5.0
+    trash_days: float = 0.0
     host: str = "127.0.0.1"
     extra_meta_args: list[str] = field(default_factory=list)
     extra_storage_args: list[str] = field(default_factory=list)
@@ -169,6 +173,8 @@ class LocalCluster:
                     str(self.replicas),
                     "--heartbeat-timeout",
                     str(self.heartbeat_timeout),
+                    "--trash-days",
+                    str(self.trash_days),
                 ]
                 + security
                 + self.extra_meta_args,

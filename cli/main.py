@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rm": ("emberfs.cli.files", "main_rm", "remove files or trees"),
     "mkdir": ("emberfs.cli.files", "main_mkdir", "make a directory"),
     "mv": ("emberfs.cli.files", "main_mv", "rename or move"),
+    "trash": ("emberfs.cli.trash", "main", "list, restore and purge removed files and trees"),
     "admin": ("emberfs.cli.admin", "main", "show and steer a cluster through its admin API"),
     "fsck": ("emberfs.cli.fsck", "main", "check a cluster's namespace and chunks (and repair)"),
     "migrate": (

@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds (default: 5)")
     p.add_argument(
+        "--trash-days",
+        type=float,
+        default=1.0,
+        help="days removed entries stay in the trash (default: 1; 0: no trash)",
+    )
+    p.add_argument(
         "--kv",
         default="rocksdb",
         help="the metadata store: rocksdb (default), etcd (a local etcd in DATA_DIR/etcd, "
@@ -124,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_port=args.admin_port,
         storage_ports=[args.storage_port + 3 * i for i in range(args.storage_servers)],
         heartbeat_timeout=args.heartbeat_timeout,
+        trash_days=args.trash_days,
         insecure=args.insecure,
         kv=args.kv,
         metaservers=metaservers,

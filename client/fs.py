@@ -24,7 +24,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import tokenize
 
-from emberfs.client import plan, xattrs
+from emberfs.client import plan, trash, xattrs
 from emberfs.client.core import Client
 from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, attr_info, is_a_directory
@@ -295,6 +295,19 @@ class EmberFileSystem(AbstractFileSystem):
         for got in self.client.meta.batch_remove(deepest_first, recursive=recursive):
             if isinstance(got, OSError) and not isinstance(got, FileNotFoundError):
                 raise got  # a missing path went with its parent
+
+    def trash_list(self, user: int | None = None, all_users: bool = False) -> list[dict]:
+        """The caller's trash entries, oldest first (see :mod:`emberfs.client.trash`)."""
+        return trash.list_entries(self.client.meta, user, all_users)
+
+    def trash_restore(self, entries=None, every: bool = False, to: str = "") -> list[dict]:
+        """Restore trash entries (ids) or ``every`` one, all or none; ``to``: one entry's path."""
+        to = self._strip_protocol(to) if to else ""
+        return trash.restore(self.client.meta, entries, every, to)
+
+    def trash_purge(self, entries=None, every: bool = False, before=None) -> int:
+        """Delete trash entries for real (``before``: only those removed earlier)."""
+        return trash.purge(self.client.meta, entries, every, before)
 
     def mv(self, path1, path2, recursive: bool = False, maxdepth=None, **kwargs) -> None:
         """Rename a file or directory (atomic, one call); into ``path2`` if it is a directory."""

@@ -82,6 +82,7 @@ GC_SWEEP_INTERVAL = 10.0
 SESSION_SWEEP_INTERVAL = 5.0  # at most; shorter for short session timeouts
 RETRY_SWEEP_INTERVAL = 60.0
 TRASH_SWEEP_INTERVAL = 10.0
+TRASH_EXPIRY_INTERVAL = 60.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -174,6 +175,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="gRPC calls admitted at once (running or waiting for a worker); more are "
         "answered RESOURCE_EXHAUSTED (default 1024)",
     )
+    p.add_argument(
+        "--trash-days",
+        type=float,
+        default=1.0,
+        help="days a removed file or tree stays in its remover's trash, restorable, before it "
+        "is purged (default 1; 0: no trash, removal deletes at once)",
+    )
+    p.add_argument(  # how often the trash is swept (tests shorten it)
+        "--trash-sweep-interval", type=float, default=TRASH_EXPIRY_INTERVAL, help=argparse.SUPPRESS
+    )
     add_secret_arguments(p)
     p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     args = p.parse_args(argv)
@@ -204,6 +215,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--heartbeat-timeout must be positive")
     if not args.session_timeout > 0:
         p.error("--session-timeout must be positive")
+    if not args.trash_days >= 0:
+        p.error("--trash-days must not be negative")
+    if not args.trash_sweep_interval > 0:
+        p.error("--trash-sweep-interval must be positive")
     try:
         layout_rules.validate_chunk_size(args.chunk_size)
     except ValueError as exc:
@@ -244,6 +259,7 @@ def build_namespace(
         session_timeout=args.session_timeout,
         gc_queued=gc.queued,
         grace=cluster.grace,
+        trash_days=args.trash_days,
     )
 
 
@@ -494,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         leadership.start(on_elected=cluster.take_over)
         if not leadership.wait_known(2 * args.leader_ttl + 1):
             log.warning("no leader known yet (is etcd reachable?); serving all the same")
-        extra = []
+        extra = [(args.trash_sweep_interval, namespace.expire_trash, "trash expiry")]
         if engine.shared:
             extra.append((COMPACT_INTERVAL, Compactor(engine), "etcd compaction"))
         for target, loop_args, name in (

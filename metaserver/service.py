@@ -163,6 +163,15 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def SetLayout(self, request, context):
         return self._call(self.namespace.set_layout, request, context)
 
+    def TrashList(self, request, context):
+        return self._call(self.namespace.trash_list, request, context)
+
+    def TrashRestore(self, request, context):
+        return self._call(self.namespace.trash_restore, request, context)
+
+    def TrashPurge(self, request, context):
+        return self._call(self.namespace.trash_purge, request, context)
+
     def RenewSessions(self, request, context):
         return self._call(self.namespace.renew_sessions, request, context)
 

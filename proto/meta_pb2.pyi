@@ -610,3 +610,73 @@ class AuthorizeResponse(_message.Message):
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     capability: bytes
     def __init__(self, capability: _Optional[bytes] = ...) -> None: ...
+
+class TrashEntry(_message.Message):
+    __slots__ = ("entry", "path", "uid", "removed_ns", "type", "entries")
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_NS_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entry: int
+    path: str
+    uid: int
+    removed_ns: int
+    type: _common_pb2.FileType
+    entries: int
+    def __init__(self, entry: _Optional[int] = ..., path: _Optional[str] = ..., uid: _Optional[int] = ..., removed_ns: _Optional[int] = ..., type: _Optional[_Union[_common_pb2.FileType, str]] = ..., entries: _Optional[int] = ...) -> None: ...
+
+class TrashListRequest(_message.Message):
+    __slots__ = ("ctx", "user", "all_users")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ALL_USERS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    user: int
+    all_users: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., user: _Optional[int] = ..., all_users: _Optional[bool] = ...) -> None: ...
+
+class TrashListResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[TrashEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[TrashEntry, _Mapping]]] = ...) -> None: ...
+
+class TrashRestoreRequest(_message.Message):
+    __slots__ = ("ctx", "entries", "all", "to")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    entries: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    to: str
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., entries: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ..., to: _Optional[str] = ...) -> None: ...
+
+class TrashRestoreResponse(_message.Message):
+    __slots__ = ("restored",)
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    restored: _containers.RepeatedCompositeFieldContainer[TrashEntry]
+    def __init__(self, restored: _Optional[_Iterable[_Union[TrashEntry, _Mapping]]] = ...) -> None: ...
+
+class TrashPurgeRequest(_message.Message):
+    __slots__ = ("ctx", "entries", "all", "before_ns")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_NS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    entries: _containers.RepeatedScalarFieldContainer[int]
+    all: bool
+    before_ns: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., entries: _Optional[_Iterable[int]] = ..., all: _Optional[bool] = ..., before_ns: _Optional[int] = ...) -> None: ...
+
+class TrashPurgeResponse(_message.Message):
+    __slots__ = ("purged", "more")
+    PURGED_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    purged: int
+    more: bool
+    def __init__(self, purged: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...

@@ -180,6 +180,21 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.FromString,
                 _registered_method=True)
+        self.TrashList = channel.unary_unary(
+                '/emberfs.MetaService/TrashList',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.TrashListRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashListResponse.FromString,
+                _registered_method=True)
+        self.TrashRestore = channel.unary_unary(
+                '/emberfs.MetaService/TrashRestore',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.TrashRestoreRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashRestoreResponse.FromString,
+                _registered_method=True)
+        self.TrashPurge = channel.unary_unary(
+                '/emberfs.MetaService/TrashPurge',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeResponse.FromString,
+                _registered_method=True)
         self.KvCreate = channel.unary_unary(
                 '/emberfs.MetaService/KvCreate',
                 request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvCreateRequest.SerializeToString,
@@ -404,6 +419,25 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TrashList(self, request, context):
+        """the trash of removed entries (docs/client.md#the-trash)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrashRestore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrashPurge(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def KvCreate(self, request, context):
         """the KV cache block store's index (kvcache.proto)
         """
@@ -606,6 +640,21 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.Authorize,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.SerializeToString,
+            ),
+            'TrashList': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrashList,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashListRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.TrashListResponse.SerializeToString,
+            ),
+            'TrashRestore': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrashRestore,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashRestoreRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.TrashRestoreResponse.SerializeToString,
+            ),
+            'TrashPurge': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrashPurge,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeResponse.SerializeToString,
             ),
             'KvCreate': grpc.unary_unary_rpc_method_handler(
                     servicer.KvCreate,
@@ -1436,6 +1485,87 @@ class MetaService:
             '/emberfs.MetaService/Authorize',
             emberfs_dot_proto_dot_meta__pb2.AuthorizeRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.AuthorizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrashList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/TrashList',
+            emberfs_dot_proto_dot_meta__pb2.TrashListRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.TrashListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrashRestore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/TrashRestore',
+            emberfs_dot_proto_dot_meta__pb2.TrashRestoreRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.TrashRestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrashPurge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/TrashPurge',
+            emberfs_dot_proto_dot_meta__pb2.TrashPurgeRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.TrashPurgeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,8 @@ class NamespaceCheck:
                 )
         for pos, inode in enumerate(inodes.ids):
             n, nlink, kind = named[pos], inodes.nlinks[pos], inodes.types[pos]
+            if n == 0 and self.engine.get(keys.recycled_key(inode)) is not None:
+                n = 1  # kept in the trash: its entry is the trash record
             if kind == common_pb2.DIRECTORY:
                 want = 0 if inode == records.ROOT_INODE else 1
                 if n == want or not self._unchanged(inode, nlink):

@@ -49,6 +49,7 @@ from emberfs.metaserver.fs.ops import (
     setlayout,
     stat,
     statfs,
+    trash,
     truncate,
     xattrs,
 )
@@ -101,6 +102,10 @@ class Namespace:
         its commit (:meth:`GCQueue.queued
         <emberfs.metaserver.clustermgr.gcqueue.GCQueue.queued>`, so that
         ``FetchGC`` scans need not start at the front of the queue).
+    trash_days : float, optional
+        Days a removed entry stays in the trash before the sweep
+        (:meth:`Namespace.expire_trash`) purges it; 0 (the default) keeps no
+        trash: removal deletes (:mod:`emberfs.metaserver.fs.ops.trash`).
 
     Every method takes a MetaService request message and returns its
     response message, raising :class:`emberfs.common.errors.EmberError`
@@ -119,9 +124,12 @@ class Namespace:
         session_timeout: float = DEFAULT_SESSION_TIMEOUT,
         gc_queued: Callable[[list[int]], None] = lambda gc_ids: None,
         grace: Grace | None = None,
+        trash_days: float = 0.0,
     ):
         if not session_timeout > 0:
             raise ValueError(f"session timeout {session_timeout} is not positive")
+        if not trash_days >= 0:
+            raise ValueError(f"trash days {trash_days} is negative")
         if default_layout is None:
             default_layout = common_pb2.Layout(
                 chunk_size=layouts.DEFAULT_CHUNK_SIZE, stripe=layouts.DEFAULT_STRIPE
@@ -145,6 +153,7 @@ class Namespace:
             leases=self.leases,
             shared_counts=engine.shared,
             paths=lookup.PathCache() if engine.shared else None,
+            trash_days=trash_days,
         )
         self._cuts = None if truncate_chunks is None else cuts.PendingCuts(engine, truncate_chunks)
         # the index of the KV caches whose directories this namespace holds
@@ -220,6 +229,30 @@ class Namespace:
     def detached(self) -> int:
         """How many detached trees wait to be deleted."""
         return self.runner.detached()
+
+    # the trash -------------------------------------------------------------
+
+    def trash_list(self, req: meta_pb2.TrashListRequest) -> meta_pb2.TrashListResponse:
+        """The caller's trash entries (root: another user's, or all)."""
+        return self.runner.run(trash.list_entries, req, None)
+
+    def trash_restore(self, req: meta_pb2.TrashRestoreRequest) -> meta_pb2.TrashRestoreResponse:
+        """Put trash entries back, all or none."""
+        return self.runner.run(trash.restore, req, "TrashRestore")
+
+    def trash_purge(self, req: meta_pb2.TrashPurgeRequest) -> meta_pb2.TrashPurgeResponse:
+        """Delete trash entries for real."""
+        return self.runner.run(trash.purge, req, "TrashPurge")
+
+    def expire_trash(self) -> int:
+        """Purge the trash entries older than the trash days (the sweep), a transaction per
+        slice; the entries purged."""
+        purged = 0
+        while True:
+            done = self.runner.run_as_root(trash.expired)
+            purged += len(done)
+            if not done:
+                return purged
 
     # read-only calls --------------------------------------------------------
 

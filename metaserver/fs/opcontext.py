@@ -101,6 +101,7 @@ class NamespaceEnv:
     leases: Leases
     shared_counts: bool = False  # inode counts kept in the store (inodecounts), not in memory
     paths: object = None  # lookup.PathCache where reads are round trips, else None
+    trash_days: float = 0.0  # days removed entries stay in the trash (0: removal deletes)
 
 
 @dataclass

@@ -263,6 +263,25 @@ class OpRunner:
             if done:
                 return slices
 
+    def run_as_root(self, fn: Callable[[OpContext], Any]) -> Any:
+        """Run ``fn(op)`` as uid 0 in one transaction, with what follows a commit."""
+        last: list[OpContext] = []
+
+        def attempt(txn: Transaction) -> Any:
+            op = OpContext(txn, Credentials(0, 0, frozenset()), self.env, self.clock())
+            last[:] = [op]
+            return fn(op)
+
+        try:
+            result = run_transaction(self.engine, attempt)
+        finally:
+            self.report_gc(last)
+        if last:
+            self.count(last[0])
+            if last[0].detached:
+                self.purge_soon(last[0].detached)
+        return result
+
     def purge_detached(self) -> int:
         """Finish every detached tree left in the store (the sweep); the trees finished."""
         tops = [keys.trash_inode(k) for k, _ in self.engine.scan_prefix(keys.TRASH)]
@@ -299,4 +318,6 @@ _RESPONSES: dict[str, type[Message]] = {
     "SetXattr": meta_pb2.SetXattrResponse,
     "RemoveXattr": meta_pb2.RemoveXattrResponse,
     "SetLayout": meta_pb2.SetLayoutResponse,
+    "TrashRestore": meta_pb2.TrashRestoreResponse,
+    "TrashPurge": meta_pb2.TrashPurgeResponse,
 }

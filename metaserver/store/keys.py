@@ -37,6 +37,8 @@ CONFIG = b"CONF"  # CONF + name                       -> value
 LEADER = b"LEAD"  # LEAD                               -> LeaderInfo (JSON)
 # subtrees a recursive remove detached, to be deleted in slices
 TRASH = b"TRSH"  # TRSH + inode id (u64 BE)            -> b"" (the detached directory)
+# removed entries kept in the users' trash (emberfs.metaserver.fs.ops.trash)
+RECYCLED = b"RBIN"  # RBIN + inode id (u64 BE)         -> trash entry record (JSON)
 # KV caches (emberfs.metaserver.kvcache.index); a cache id is its directory's inode id (u64 BE)
 KV_CACHE = b"KVCC"  # KVCC + cache id                  -> KvCacheRecord (kvcache.proto)
 KV_ENTRY = b"KVCE"  # KVCE + cache id + key            -> index entry (kvcache.entries.Entry)
@@ -64,6 +66,7 @@ ALL_PREFIXES = (
     CONFIG,
     LEADER,
     TRASH,
+    RECYCLED,
     KV_CACHE,
     KV_ENTRY,
     KV_RECENT,
@@ -231,3 +234,12 @@ def trash_key(inode: int) -> bytes:
 def trash_inode(key: bytes) -> int:
     """The inode id of a detached subtree's key."""
     return _U64_BE.unpack(key[len(TRASH) :])[0]
+
+
+def recycled_key(inode: int) -> bytes:
+    return RECYCLED + _U64_BE.pack(inode)
+
+
+def recycled_inode(key: bytes) -> int:
+    """The inode id of a trash entry's key."""
+    return _U64_BE.unpack(key[len(RECYCLED) :])[0]

@@ -29,6 +29,7 @@ import stat
 from emberfs.common.errors import NotADirectory, NotEmpty, NotFound
 from emberfs.metaserver.fs import access, lookup, records
 from emberfs.metaserver.fs.opcontext import OpContext
+from emberfs.metaserver.fs.ops import trash
 from emberfs.metaserver.store import keys
 from emberfs.metaserver.store.kv import TransactionTooLarge
 from emberfs.proto import common_pb2, meta_pb2
@@ -73,18 +74,29 @@ def remove(op: OpContext, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveRespons
     parent = found.parent
     access.check(parent, op.creds, access.WRITE | access.SEARCH, req.path)
     access.check_sticky(parent, attr, op.creds)
+    keep = trash.enabled(op) and not req.inode
     if attr.type == common_pb2.DIRECTORY:
         if req.recursive:
-            removed = _remove_tree_or_detach(op, attr)
+            if keep:
+                removed = check_tree(op, attr)
+                trash.keep(op, attr, req.path, removed)
+            else:
+                removed = _remove_tree_or_detach(op, attr)
         elif not op.is_empty_dir(attr.inode):
             raise NotEmpty(f"directory not empty: {req.path}")
         else:
-            op.delete_inode(attr)
+            if keep:
+                trash.keep(op, attr, req.path)
+            else:
+                op.delete_inode(attr)
             removed = 1
     else:
         if req.directory:
             raise NotADirectory(f"not a directory: {req.path}")
-        drop_link(op, attr)
+        if keep and attr.nlink <= 1:
+            trash.keep(op, attr, req.path)
+        else:
+            drop_link(op, attr)
         removed = 1
     op.delete_dentry(parent.inode, found.name)
     return meta_pb2.RemoveResponse(removed=removed)
@@ -129,9 +141,20 @@ def _remove_tree_or_detach(op: OpContext, top: common_pb2.InodeAttr) -> int:
 def detach_tree(op: OpContext, top: common_pb2.InodeAttr) -> int:
     """Check that the caller may remove the tree under ``top``, record it as detached; its size.
 
-    The caller deletes ``top``'s entry in the same transaction. The walk reads
-    directories (and, in sticky ones, their entries' inodes) without adding them
-    to the read set, so the transaction stays small however large the tree.
+    The caller deletes ``top``'s entry in the same transaction.
+    """
+    removed = check_tree(op, top)
+    op.txn.put(keys.trash_key(top.inode), b"")
+    op.detached.append(top.inode)
+    return removed
+
+
+def check_tree(op: OpContext, top: common_pb2.InodeAttr) -> int:
+    """Check that the caller may remove the tree under ``top``; the entries in it.
+
+    The walk reads directories (and, in sticky ones, their entries' inodes)
+    without adding them to the read set, so the transaction stays small
+    however large the tree.
     """
     removed = 1
     pending = [top]
@@ -150,8 +173,6 @@ def detach_tree(op: OpContext, top: common_pb2.InodeAttr) -> int:
             access.check_sticky(directory, child, op.creds)
             if child.type == common_pb2.DIRECTORY:
                 pending.append(child)
-    op.txn.put(keys.trash_key(top.inode), b"")
-    op.detached.append(top.inode)
     return removed
 
 

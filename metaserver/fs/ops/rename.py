@@ -11,7 +11,7 @@ from emberfs.common.errors import (
 )
 from emberfs.metaserver.fs import access, lookup
 from emberfs.metaserver.fs.opcontext import OpContext
-from emberfs.metaserver.fs.ops import remove
+from emberfs.metaserver.fs.ops import remove, trash
 from emberfs.proto import common_pb2, meta_pb2
 
 
@@ -24,7 +24,8 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
     replaced when the types agree: a file (or symlink) replaces a file, a
     directory replaces an empty directory (NotEmpty otherwise); a directory
     over a file gives NotADirectory, a file over a directory IsADirectory,
-    and ``no_replace`` gives AlreadyExists. A directory cannot move into its
+    and ``no_replace`` gives AlreadyExists. With a trash, a replaced file or
+    symlink (its last link) is kept there (:mod:`.trash`). A directory cannot move into its
     own subtree (InvalidArgument); the root cannot move at all (Busy).
 
     With ``exchange`` both names must exist and they swap (renameat2's
@@ -60,7 +61,10 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
             raise IsADirectory(f"is a directory: {req.dst}")
         if target_is_dir and not op.is_empty_dir(target.inode):
             raise NotEmpty(f"directory not empty: {req.dst}")
-        remove.drop_link(op, target)
+        if trash.enabled(op) and not target_is_dir and target.nlink <= 1:
+            trash.keep(op, target, req.dst)  # the replaced file waits in the trash
+        else:
+            remove.drop_link(op, target)
     op.delete_dentry(src_parent.inode, src.name)
     op.put_dentry(dst_parent.inode, dst.name, attr)
     attr.ctime_ns = op.now
