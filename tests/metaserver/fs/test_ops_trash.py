@@ -217,3 +217,38 @@ def test_without_a_trash_removal_deletes(store):
     remove(ns, "/f")
     assert gc_inodes(ns) == {f.inode}
     assert listed(ns) == []
+
+
+def test_a_tree_larger_than_a_transaction_goes_and_comes_back_whole(ns):
+    """On etcd (128 operations a transaction) too: the tree moves in one small transaction."""
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ALICE, path="/big"))
+    req = meta_pb2.BatchCreateRequest(
+        ctx=ALICE, items=[meta_pb2.CreateRequest(path=f"/big/f{i}") for i in range(300)]
+    )
+    assert all(r.errno == 0 for r in ns.batch_create(req).results)
+    assert remove(ns, "/big", recursive=True) == 301
+    restore(ns, all=True)
+    assert len(ns.list(meta_pb2.ListRequest(path="/big")).entries) == 300
+    remove(ns, "/big", recursive=True)
+    assert purge(ns, all=True).purged == 1
+    ns.purge_detached()
+    assert len(gc_inodes(ns)) == 300 and ns.counts()["inodes"] == 1
+
+
+def test_many_entries_are_purged_in_slices(ns, clock):
+    req = meta_pb2.BatchCreateRequest(
+        ctx=ALICE, items=[meta_pb2.CreateRequest(path=f"/f{i}") for i in range(40)]
+    )
+    ns.batch_create(req)
+    for i in range(20):
+        remove(ns, f"/f{i}")
+    calls, purged, more = 0, 0, True
+    while more:  # as the client does: again while ``more``
+        resp = purge(ns, all=True)
+        calls, purged, more = calls + 1, purged + resp.purged, resp.more
+    assert purged == 20 and (calls > 1) == (ns.engine.max_txn_ops is not None)
+    for i in range(20, 40):
+        remove(ns, f"/f{i}")
+    clock.now += 2 * 86400 * 10**9
+    assert ns.expire_trash() == 20
+    assert listed(ns) == [] and len(gc_inodes(ns)) == 40
