@@ -52,6 +52,8 @@ class Metaserver:
             "--heartbeat-timeout",
             str(HEARTBEAT_TIMEOUT),
             "--insecure",  # these tests call the services as nodes and clients would, bare
+            "--trash-days",
+            "0",  # removals reach the GC queue at once
         ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         sel = selectors.DefaultSelector()
