@@ -95,13 +95,12 @@ def list_entries(op: OpContext, req: meta_pb2.TrashListRequest) -> meta_pb2.Tras
     return meta_pb2.TrashListResponse(entries=found)
 
 
-def _chosen(op: OpContext, ids, every: bool, user: int | None = None) -> list[meta_pb2.TrashEntry]:
+def _chosen(op: OpContext, ids, every: bool) -> list[meta_pb2.TrashEntry]:
     """The entries ``ids`` (NotFound for one that is not the caller's), or all the caller's."""
     if every == bool(ids):
         raise InvalidArgument("name entries or ask for all of them, not both or neither")
     if every:
-        uid = op.creds.uid if user is None else user
-        return [e for e in _stored(op) if e.uid == uid]
+        return [e for e in _stored(op) if e.uid == op.creds.uid]
     chosen = []
     for inode in ids:
         raw = op.txn.get(keys.recycled_key(inode))
@@ -122,6 +121,7 @@ def restore(op: OpContext, req: meta_pb2.TrashRestoreRequest) -> meta_pb2.TrashR
     if req.to and (req.all or len(chosen) != 1):
         raise InvalidArgument("a restore to another path takes exactly one entry")
     out = meta_pb2.TrashRestoreResponse()
+    chosen.sort(key=lambda e: (e.path.count("/"), e.removed_ns))  # a directory before its files
     for entry in chosen:
         where = req.to or entry.path
         try:

@@ -114,6 +114,17 @@ def test_restore_over_an_existing_name_fails_and_loses_nothing(ns):
     assert ns.stat(meta_pb2.StatRequest(path="/a.old")).attr.inode == old.inode
 
 
+def test_restore_all_puts_a_directory_back_before_what_was_in_it(ns):
+    older = create(ns, "/f")
+    d = ns.mkdir(meta_pb2.MkdirRequest(ctx=ALICE, path="/d")).attr
+    assert older.inode < d.inode  # entries in inode order would put the file back first
+    ns.rename(meta_pb2.RenameRequest(ctx=ALICE, src="/f", dst="/d/f"))
+    remove(ns, "/d/f")
+    remove(ns, "/d", directory=True)
+    assert [e.path for e in restore(ns, all=True)] == ["/d", "/d/f"]
+    assert exists(ns, "/d/f")
+
+
 def test_restore_without_the_parent_needs_another_place(ns):
     ns.mkdir(meta_pb2.MkdirRequest(ctx=ALICE, path="/d"))
     f = create(ns, "/d/f")
