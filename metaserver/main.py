@@ -14,8 +14,8 @@ nodes' heartbeats never wait behind metadata calls (nodes register on
 ``--listen`` and learn that address from the answer). The admin REST API
 runs on ``--admin-listen`` (uvicorn in a thread). One background thread
 applies heartbeat timeouts; another runs the sweeps: garbage collection,
-write sessions whose lease ran out (``--session-timeout``), old retry
-records. Both judge by a :class:`~emberfs.metaserver.clustermgr.grace.Grace` that
+write sessions whose lease ran out (``--session-timeout``), lock leases
+that ran out (``--lock-lease-timeout``), old retry records. Both judge by a :class:`~emberfs.metaserver.clustermgr.grace.Grace` that
 notices the process's own stalls. Once the servers listen, the process
 prints ``READY metaserver <grpc address> admin <http address> cluster <grpc
 address>`` on stdout; SIGTERM or SIGINT stops it cleanly.
@@ -66,6 +66,7 @@ from emberfs.metaserver.clustermgr.manager import ClusterManager
 from emberfs.metaserver.clustermgr.repair import ReadRepair, stat_inode_of
 from emberfs.metaserver.fs import cuts as cuts_module
 from emberfs.metaserver.fs.chunk_truncation import truncate_chunks
+from emberfs.metaserver.fs.locking import DEFAULT_LEASE_TIMEOUT as DEFAULT_LOCK_LEASE_TIMEOUT
 from emberfs.metaserver.fs.namespace import Namespace
 from emberfs.metaserver.metrics import MetricsInterceptor
 from emberfs.metaserver.store.etcd import COMPACT_INTERVAL, Compactor
@@ -162,6 +163,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="seconds a write session lives without a lease renewal (default 300)",
     )
     p.add_argument(
+        "--lock-lease-timeout",
+        type=float,
+        default=DEFAULT_LOCK_LEASE_TIMEOUT,
+        help="seconds a client's lock lease lives without a renewal; a client that stops "
+        "renewing (its mount died) loses its fcntl and flock locks then "
+        f"(default {DEFAULT_LOCK_LEASE_TIMEOUT:g})",
+    )
+    p.add_argument(
         "--capability-ttl",
         type=float,
         default=300.0,
@@ -215,6 +224,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--heartbeat-timeout must be positive")
     if not args.session_timeout > 0:
         p.error("--session-timeout must be positive")
+    if not args.lock_lease_timeout >= 1:
+        p.error("--lock-lease-timeout must be at least 1 second")
     if not args.trash_days >= 0:
         p.error("--trash-days must not be negative")
     if not args.trash_sweep_interval > 0:
@@ -260,6 +271,7 @@ def build_namespace(
         gc_queued=gc.queued,
         grace=cluster.grace,
         trash_days=args.trash_days,
+        lock_lease_timeout=args.lock_lease_timeout,
     )
 
 
@@ -510,7 +522,14 @@ def main(argv: list[str] | None = None) -> int:
         leadership.start(on_elected=cluster.take_over)
         if not leadership.wait_known(2 * args.leader_ttl + 1):
             log.warning("no leader known yet (is etcd reachable?); serving all the same")
-        extra = [(args.trash_sweep_interval, namespace.expire_trash, "trash expiry")]
+        extra = [
+            (args.trash_sweep_interval, namespace.expire_trash, "trash expiry"),
+            (
+                min(SESSION_SWEEP_INTERVAL, args.lock_lease_timeout / 4),
+                namespace.locks.expire_leases,
+                "lock lease expiry",
+            ),
+        ]
         if engine.shared:
             extra.append((COMPACT_INTERVAL, Compactor(engine), "etcd compaction"))
         for target, loop_args, name in (

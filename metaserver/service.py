@@ -212,6 +212,22 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def KvClear(self, request, context):
         return self._call(self.kv.clear, request, context)
 
+    # POSIX locks
+    def OpenLockLease(self, request, context):
+        return self._call(self.namespace.locks.open_lease, request, context)
+
+    def RenewLockLease(self, request, context):
+        return self._call(self.namespace.locks.renew_lease, request, context)
+
+    def CloseLockLease(self, request, context):
+        return self._call(self.namespace.locks.close_lease, request, context)
+
+    def SetLock(self, request, context):
+        return self._call(self.namespace.locks.set_lock, request, context)
+
+    def GetLock(self, request, context):
+        return self._call(self.namespace.locks.get_lock, request, context)
+
 
 def add_to_server(servicer: MetaServicer, server: grpc.Server) -> None:
     """Register ``servicer`` as the MetaService of ``server``."""

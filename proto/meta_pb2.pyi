@@ -23,6 +23,17 @@ class XattrFlags(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     XATTR_ANY: _ClassVar[XattrFlags]
     XATTR_CREATE: _ClassVar[XattrFlags]
     XATTR_REPLACE: _ClassVar[XattrFlags]
+
+class LockKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOCK_POSIX: _ClassVar[LockKind]
+    LOCK_FLOCK: _ClassVar[LockKind]
+
+class LockType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOCK_UNLOCK: _ClassVar[LockType]
+    LOCK_READ: _ClassVar[LockType]
+    LOCK_WRITE: _ClassVar[LockType]
 OPEN_READ: OpenFlags
 OPEN_WRITE: OpenFlags
 OPEN_CREATE: OpenFlags
@@ -32,6 +43,11 @@ OPEN_APPEND: OpenFlags
 XATTR_ANY: XattrFlags
 XATTR_CREATE: XattrFlags
 XATTR_REPLACE: XattrFlags
+LOCK_POSIX: LockKind
+LOCK_FLOCK: LockKind
+LOCK_UNLOCK: LockType
+LOCK_READ: LockType
+LOCK_WRITE: LockType
 
 class StatRequest(_message.Message):
     __slots__ = ("ctx", "path", "inode", "follow", "xattrs")
@@ -680,3 +696,109 @@ class TrashPurgeResponse(_message.Message):
     purged: int
     more: bool
     def __init__(self, purged: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class FileLock(_message.Message):
+    __slots__ = ("kind", "type", "start", "end", "lease_id", "owner", "pid", "client_id")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    kind: LockKind
+    type: LockType
+    start: int
+    end: int
+    lease_id: int
+    owner: int
+    pid: int
+    client_id: str
+    def __init__(self, kind: _Optional[_Union[LockKind, str]] = ..., type: _Optional[_Union[LockType, str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., lease_id: _Optional[int] = ..., owner: _Optional[int] = ..., pid: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class FileLocks(_message.Message):
+    __slots__ = ("locks",)
+    LOCKS_FIELD_NUMBER: _ClassVar[int]
+    locks: _containers.RepeatedCompositeFieldContainer[FileLock]
+    def __init__(self, locks: _Optional[_Iterable[_Union[FileLock, _Mapping]]] = ...) -> None: ...
+
+class OpenLockLeaseRequest(_message.Message):
+    __slots__ = ("ctx",)
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ...) -> None: ...
+
+class OpenLockLeaseResponse(_message.Message):
+    __slots__ = ("lease_id", "timeout")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    timeout: float
+    def __init__(self, lease_id: _Optional[int] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class RenewLockLeaseRequest(_message.Message):
+    __slots__ = ("ctx", "lease_id")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    lease_id: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class RenewLockLeaseResponse(_message.Message):
+    __slots__ = ("gone",)
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    gone: bool
+    def __init__(self, gone: _Optional[bool] = ...) -> None: ...
+
+class CloseLockLeaseRequest(_message.Message):
+    __slots__ = ("ctx", "lease_id")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    lease_id: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class CloseLockLeaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class SetLockRequest(_message.Message):
+    __slots__ = ("ctx", "inode", "lock", "wait_ms")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    LOCK_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    inode: int
+    lock: FileLock
+    wait_ms: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., inode: _Optional[int] = ..., lock: _Optional[_Union[FileLock, _Mapping]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class SetLockResponse(_message.Message):
+    __slots__ = ("granted", "conflict", "lease_gone")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    CONFLICT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_GONE_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    conflict: FileLock
+    lease_gone: bool
+    def __init__(self, granted: _Optional[bool] = ..., conflict: _Optional[_Union[FileLock, _Mapping]] = ..., lease_gone: _Optional[bool] = ...) -> None: ...
+
+class GetLockRequest(_message.Message):
+    __slots__ = ("ctx", "inode", "lock")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    LOCK_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    inode: int
+    lock: FileLock
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., inode: _Optional[int] = ..., lock: _Optional[_Union[FileLock, _Mapping]] = ...) -> None: ...
+
+class GetLockResponse(_message.Message):
+    __slots__ = ("conflict",)
+    CONFLICT_FIELD_NUMBER: _ClassVar[int]
+    conflict: FileLock
+    def __init__(self, conflict: _Optional[_Union[FileLock, _Mapping]] = ...) -> None: ...

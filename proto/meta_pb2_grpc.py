@@ -240,6 +240,31 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearResponse.FromString,
                 _registered_method=True)
+        self.OpenLockLease = channel.unary_unary(
+                '/emberfs.MetaService/OpenLockLease',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.OpenLockLeaseRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.OpenLockLeaseResponse.FromString,
+                _registered_method=True)
+        self.RenewLockLease = channel.unary_unary(
+                '/emberfs.MetaService/RenewLockLease',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.RenewLockLeaseRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.RenewLockLeaseResponse.FromString,
+                _registered_method=True)
+        self.CloseLockLease = channel.unary_unary(
+                '/emberfs.MetaService/CloseLockLease',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.CloseLockLeaseRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.CloseLockLeaseResponse.FromString,
+                _registered_method=True)
+        self.SetLock = channel.unary_unary(
+                '/emberfs.MetaService/SetLock',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.SetLockRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.SetLockResponse.FromString,
+                _registered_method=True)
+        self.GetLock = channel.unary_unary(
+                '/emberfs.MetaService/GetLock',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.GetLockRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.GetLockResponse.FromString,
+                _registered_method=True)
 
 
 class MetaServiceServicer:
@@ -493,6 +518,37 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenLockLease(self, request, context):
+        """POSIX locks (fcntl byte ranges, flock) held for a lock lease (docs/mount.md#locks)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewLockLease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseLockLease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLock(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLock(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetaServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -700,6 +756,31 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.KvClear,
                     request_deserializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvClearResponse.SerializeToString,
+            ),
+            'OpenLockLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenLockLease,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.OpenLockLeaseRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.OpenLockLeaseResponse.SerializeToString,
+            ),
+            'RenewLockLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLockLease,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.RenewLockLeaseRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.RenewLockLeaseResponse.SerializeToString,
+            ),
+            'CloseLockLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseLockLease,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.CloseLockLeaseRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.CloseLockLeaseResponse.SerializeToString,
+            ),
+            'SetLock': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLock,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.SetLockRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.SetLockResponse.SerializeToString,
+            ),
+            'GetLock': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLock,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.GetLockRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.GetLockResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1809,6 +1890,141 @@ class MetaService:
             '/emberfs.MetaService/KvClear',
             emberfs_dot_proto_dot_kvcache__pb2.KvClearRequest.SerializeToString,
             emberfs_dot_proto_dot_kvcache__pb2.KvClearResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenLockLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/OpenLockLease',
+            emberfs_dot_proto_dot_meta__pb2.OpenLockLeaseRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.OpenLockLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLockLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/RenewLockLease',
+            emberfs_dot_proto_dot_meta__pb2.RenewLockLeaseRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.RenewLockLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseLockLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/CloseLockLease',
+            emberfs_dot_proto_dot_meta__pb2.CloseLockLeaseRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.CloseLockLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/SetLock',
+            emberfs_dot_proto_dot_meta__pb2.SetLockRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.SetLockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/GetLock',
+            emberfs_dot_proto_dot_meta__pb2.GetLockRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.GetLockResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,7 @@ from emberfs.common.errors import InvalidArgument
 from emberfs.metaserver.clustermgr.grace import Grace
 from emberfs.metaserver.fs import cuts, dirlayout, idempotency, inodecounts, lookup, records
 from emberfs.metaserver.fs.leases import Leases
+from emberfs.metaserver.fs.locking import DEFAULT_LEASE_TIMEOUT, Locking
 from emberfs.metaserver.fs.opcontext import Credentials, IdAllocator, NamespaceEnv, OpContext
 from emberfs.metaserver.fs.oprunner import OpRunner
 from emberfs.metaserver.fs.ops import (
@@ -106,6 +107,10 @@ class Namespace:
         Days a removed entry stays in the trash before the sweep
         (:meth:`Namespace.expire_trash`) purges it; 0 (the default) keeps no
         trash: removal deletes (:mod:`emberfs.metaserver.fs.ops.trash`).
+    lock_lease_timeout : float, optional
+        Seconds a client's lock lease lives without a renewal (default 15);
+        its locks go with it (:attr:`Namespace.locks`,
+        :mod:`emberfs.metaserver.fs.locking`).
 
     Every method takes a MetaService request message and returns its
     response message, raising :class:`emberfs.common.errors.EmberError`
@@ -125,6 +130,7 @@ class Namespace:
         gc_queued: Callable[[list[int]], None] = lambda gc_ids: None,
         grace: Grace | None = None,
         trash_days: float = 0.0,
+        lock_lease_timeout: float = DEFAULT_LEASE_TIMEOUT,
     ):
         if not session_timeout > 0:
             raise ValueError(f"session timeout {session_timeout} is not positive")
@@ -168,6 +174,8 @@ class Namespace:
             pending_cuts=self._cuts,
             by_type={} if engine.shared else self._scan_counts(),
         )
+        # POSIX locks and their leases
+        self.locks = Locking(engine, self.runner, self._grace, lock_lease_timeout, clock)
 
     # set-up ---------------------------------------------------------------
 

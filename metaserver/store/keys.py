@@ -49,6 +49,10 @@ KV_FILL = b"KVCH"  # KVCH + cache id                   -> next untouched slab (u
 #                   KVCH + cache id + "F"              -> b"" once every slot was handed out
 KV_WRITER = b"KVCW"  # KVCW + cache id + client id      -> the writer's slab (u64 BE)
 KV_STATS = b"KVCS"  # KVCS + cache id + shard (u8)     -> counters (kvcache.entries.Counters)
+# POSIX locks (emberfs.metaserver.fs.locktable)
+LOCK = b"LOCK"  # LOCK + inode id (u64 BE)             -> the file's locks (meta_pb2.FileLocks)
+LOCK_LEASE = b"LKLS"  # LKLS + lease id (u64 BE)       -> lock lease record
+LOCK_HELD = b"LKHD"  # LKHD + lease id (u64 BE) + inode id (u64 BE) -> b"" (the lease holds locks)
 
 ALL_PREFIXES = (
     INODE,
@@ -74,12 +78,16 @@ ALL_PREFIXES = (
     KV_FILL,
     KV_WRITER,
     KV_STATS,
+    LOCK,
+    LOCK_LEASE,
+    LOCK_HELD,
 )
 
 # names of the CONF keys
 NEXT_INODE = "next_inode"  # namespace id counters (u64 LE), reserved in blocks
 NEXT_SEED = "next_seed"
 NEXT_SESSION = "next_session"
+NEXT_LOCK_LEASE = "next_lock_lease"
 NEXT_TARGET = "cluster.next_target_id"  # cluster manager counters (u64 BE)
 NEXT_CHAIN = "cluster.next_chain_id"
 ROUTING_VERSION = "cluster.routing_version"
@@ -243,3 +251,29 @@ def recycled_key(inode: int) -> bytes:
 def recycled_inode(key: bytes) -> int:
     """The inode id of a trash entry's key."""
     return _U64_BE.unpack(key[len(RECYCLED) :])[0]
+
+
+def lock_key(inode: int) -> bytes:
+    return LOCK + _U64_BE.pack(inode)
+
+
+def lock_lease_key(lease_id: int) -> bytes:
+    return LOCK_LEASE + _U64_BE.pack(lease_id)
+
+
+def lock_lease_id(key: bytes) -> int:
+    """The lease id of a lock lease's key."""
+    return _U64_BE.unpack(key[len(LOCK_LEASE) :])[0]
+
+
+def lock_held_prefix(lease_id: int) -> bytes:
+    return LOCK_HELD + _U64_BE.pack(lease_id)
+
+
+def lock_held_key(lease_id: int, inode: int) -> bytes:
+    return lock_held_prefix(lease_id) + _U64_BE.pack(inode)
+
+
+def lock_held_inode(key: bytes) -> int:
+    """The inode id of a lease's held-locks mark."""
+    return _U64_BE.unpack(key[len(LOCK_HELD) + 8 :])[0]
