@@ -55,7 +55,8 @@ def fuse_class():
     request buffer (no bytes objects in between); ``open`` and ``create`` get
     the ``fuse_file_info`` (``keep_cache``, ``direct_io``); ``truncate``,
     ``rename`` and ``utimens`` keep the descriptor, the flags and the raw times
-    that mfusepy's defaults drop.
+    that mfusepy's defaults drop; ``lock``, ``flock`` and ``release`` get the
+    kernel's lock owner (and whether a release ends flock locks).
     """
     import mfusepy
 
@@ -89,6 +90,17 @@ def fuse_class():
         def utimens_fuse_3(self, path, buf, fip):
             times = (buf.contents.actime, buf.contents.modtime) if buf else None
             return self.operations.utimens_raw(self._path(path), times)
+
+        def lock(self, path, fip, cmd, flock):
+            return self.operations.lock(self._path(path), fip.contents, cmd, flock)
+
+        def flock(self, path, fip, op):
+            return self.operations.flock(self._path(path), fip.contents, op)
+
+        def release(self, path, fip):
+            fi = fip.contents
+            owner = fi.lock_owner if fi.flock_release else None
+            return self.operations.release(self._path(path), fi.fh, owner)
 
     return Fuse
 
@@ -133,6 +145,7 @@ def _library():
         lib.fuse_get_context.restype = ctypes.POINTER(_Context)
         lib.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.fuse_invalidate_path.restype = ctypes.c_int
+        lib.fuse_interrupted.restype = ctypes.c_int
         _LIB = lib
     return _LIB
 
@@ -149,3 +162,8 @@ def caller_uid() -> int | None:
     """The uid of the process whose request is being served (None outside a request)."""
     ctx = _library().fuse_get_context()
     return ctx.contents.uid if ctx and ctx.contents.fuse else None
+
+
+def interrupted() -> bool:
+    """True when the kernel interrupted the request being served (a signal to its caller)."""
+    return bool(_library().fuse_interrupted())

@@ -54,6 +54,7 @@ from emberfs.client.fusebind import fuse_errors, invalidate_path
 from emberfs.client.handles import OpenHandle
 from emberfs.client.mountcache import AttrCache, Versions, content_version
 from emberfs.client.mountfiles import Descriptor, OpenNode
+from emberfs.client.mountlocks import LockOps
 from emberfs.client.mountxattrs import XattrCache, XattrOps
 from emberfs.client.readahead import SharedReadahead
 from emberfs.proto import common_pb2, meta_pb2
@@ -106,9 +107,10 @@ class MountOptions:
     allow_other: bool = False
 
 
-class EmberFuse(XattrOps):
+class EmberFuse(XattrOps, LockOps):
     """The FUSE operations of a mount, on one :class:`~emberfs.client.core.Client`
-    (extended attributes: :class:`~emberfs.client.mountxattrs.XattrOps`).
+    (extended attributes: :class:`~emberfs.client.mountxattrs.XattrOps`; fcntl and flock
+    locks: :class:`~emberfs.client.mountlocks.LockOps`).
 
     Parameters
     ----------
@@ -133,6 +135,7 @@ class EmberFuse(XattrOps):
         self._recent = Versions()  # attributes of files last closed or changed here
         self._told = Versions()  # version of the attributes the kernel was last given
         self.ready = threading.Event()
+        self._init_locks()
 
     @property
     def meta(self):
@@ -165,6 +168,7 @@ class EmberFuse(XattrOps):
             self._handles.clear()
 
         def close_all() -> None:
+            self.close_locks()
             for node in nodes:
                 try:
                     node.close_session()
@@ -548,7 +552,9 @@ class EmberFuse(XattrOps):
         return 0
 
     @fuse_errors
-    def release(self, path, fh: int) -> int:
+    def release(self, path, fh: int, flock_owner: int | None = None) -> int:
+        if flock_owner is not None and fh in self._handles:  # the descriptor's flock lock goes
+            self.release_flocks(self._handles[fh].node.inode, flock_owner)
         with self._nodes_lock:
             handle = self._handles.pop(fh, None)
         if handle is None:
