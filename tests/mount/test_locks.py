@@ -277,3 +277,34 @@ def test_interrupted_wait_answers_eintr(paths, lockers):
     b = lockers(paths[1])
     assert a.do("flock UN") == "ok"
     assert b.do("flock EX nb") == "ok"
+
+
+def test_a_revoked_token_gets_permission_error(lock_cluster, mounter, paths):
+    from emberfs.cli.admin import AdminClient
+
+    admin = AdminClient(lock_cluster.admin_url, lock_cluster.admin_token)
+    made = admin.post(
+        "/api/v1/tokens", {"uid": 1000, "gid": 1000, "groups": [], "name": "lock-leaver"}
+    )
+    os.chmod(paths[0], 0o666)
+    user_mount = mounter(lock_cluster.meta_address, "--token", made["token"])
+    fd = os.open(os.path.join(user_mount, os.path.basename(paths[0])), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        admin.delete(f"/api/v1/tokens/{made['id']}")
+        deadline = time.monotonic() + 15
+        while True:  # the metaserver's token cache holds an answer for a moment
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except PermissionError as exc:
+                assert exc.errno == errno.EACCES
+                break
+            assert time.monotonic() < deadline, "the revoked token still takes locks"
+            time.sleep(0.2)
+        with pytest.raises(PermissionError):
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 10, 0)
+    finally:
+        os.close(fd)
+        unmount(user_mount)
