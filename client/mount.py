@@ -30,6 +30,8 @@ How it keeps the client's speed and POSIX's rules:
 * **Attributes are cached briefly**: the kernel keeps them for
   ``attr_timeout`` seconds, and this process keeps the attributes a listing
   returned for as long, so ``ls -l`` costs one ``List`` call.
+* **Locks** (``fcntl`` ranges, ``flock``) are the metaserver's, held for a lease the
+  mount renews, so mounts on different machines contend (:mod:`emberfs.client.mountlocks`).
 * **A metaserver that is away** makes calls fail with EIO once
   ``meta_timeout`` has passed (``on_outage="eio"``), or wait until it is back
   (``"block"``), retrying with the same request id so nothing applies twice.

@@ -619,6 +619,111 @@ def test_client_container_listing_and_stop_unmounts(compose_cluster: ComposeClus
     assert "from-host.bin" in _in_client(c, "ls /mnt/emberfs/mount")
 
 
+LOCK_HOLDER = (
+    "import fcntl, sys\n"
+    "f = open(sys.argv[1], 'rb')\n"
+    "fcntl.flock(f, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True)\n"
+    "sys.stdin.read()\n"  # holds the lock until its stdin closes
+)
+LOCK_TRY = (
+    "import fcntl, sys\n"
+    "f = open(sys.argv[1], 'rb')\n"
+    "try:\n"
+    "    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+    "    print('granted')\n"
+    "except BlockingIOError:\n"
+    "    print('busy')\n"
+)
+LOCK_WAITER = (
+    "import fcntl, sys\n"
+    "f = open(sys.argv[1], 'rb')\n"
+    "print('waiting', flush=True)\n"
+    "fcntl.flock(f, fcntl.LOCK_EX)\n"
+    "print('granted', flush=True)\n"
+)
+LOCK_APPENDER = (
+    "import fcntl, os, sys\n"
+    "path, name, lines = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+    "with open(path, 'ab', buffering=0) as f:\n"
+    "    for i in range(lines):\n"
+    "        fcntl.flock(f, fcntl.LOCK_EX)\n"
+    "        f.seek(0, os.SEEK_END)\n"
+    "        f.write(f'{name} {i:05d}\\n'.encode())\n"
+    "        fcntl.flock(f, fcntl.LOCK_UN)\n"
+)
+
+
+def _second_client(c: ComposeCluster) -> str:
+    """Another client container like ``client`` (its image, token and network), mounted."""
+    first = c.container("client")
+    image = c.docker("inspect", "-f", "{{.Config.Image}}", first).strip()
+    env = json.loads(c.docker("inspect", "-f", "{{json .Config.Env}}", first))
+    token = next(e.split("=", 1)[1] for e in env if e.startswith("EMBERFS_TOKEN="))
+    cid = c.docker(
+        "run", "-d", "--init", "--user", "root", "--name", f"{c.project}-client2",
+        "--network", c.network, "--device", "/dev/fuse", "--cap-add", "SYS_ADMIN",
+        "--security-opt", "apparmor=unconfined", "-e", f"EMBERFS_TOKEN={token}",
+        image, "mount", "/mnt/emberfs", "--foreground", "--meta=metaserver:9400",
+    ).strip()  # fmt: skip
+
+    def mounted() -> bool:
+        r = subprocess.run(
+            ["docker", "exec", cid, "mountpoint", "-q", "/mnt/emberfs"],
+            capture_output=True,
+            timeout=30,
+        )
+        return r.returncode == 0
+
+    wait_until(mounted, 60, "the second client container to mount")
+    return cid
+
+
+def _exec(cid: str, script: str, *args: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["docker", "exec", "-i", cid, "python3", "-c", script, *args], text=True, **popen
+    )
+
+
+def test_two_client_containers_contend_for_locks(compose_cluster: ComposeCluster):
+    """flock through two client containers' mounts: one lock, and appends that lose no line."""
+    c = compose_cluster
+    second = _second_client(c)
+    first = c.container("client")
+    path = "/mnt/emberfs/locks/log"
+    try:
+        _in_client(c, f"mkdir -p /mnt/emberfs/locks && : > {path}")
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+        holder = _exec(first, LOCK_HOLDER, path, **pipes)
+        assert holder.stdout.readline().strip() == "locked"
+        tried = _exec(second, LOCK_TRY, path, stdout=subprocess.PIPE)
+        assert tried.communicate(timeout=60)[0].strip() == "busy"
+        waiter = _exec(second, LOCK_WAITER, path, stdout=subprocess.PIPE)
+        assert waiter.stdout.readline().strip() == "waiting"
+        time.sleep(2)
+        assert waiter.poll() is None, "the waiter got a lock that is held"
+        holder.stdin.close()  # the holder exits: its lock goes
+        assert holder.wait(60) == 0
+        assert waiter.communicate(timeout=60)[0].strip() == "granted"
+        lines = 30
+        appenders = [
+            _exec(cid, LOCK_APPENDER, path, f"{name}{i}", str(lines))
+            for cid, name in ((first, "a"), (second, "b"))
+            for i in range(2)
+        ]
+        for proc in appenders:
+            assert proc.wait(300) == 0
+        fs = c.fs()
+        try:
+            got = fs.cat_file("/locks/log").decode().splitlines()
+        finally:
+            fs.close()
+        expected = [f"{n}{i} {k:05d}" for n in "ab" for i in range(2) for k in range(lines)]
+        assert sorted(got) == sorted(expected)
+    finally:
+        subprocess.run(["docker", "rm", "-f", second], capture_output=True, timeout=60)
+
+
 def test_down_leaves_nothing_behind(compose_cluster: ComposeCluster):
     c = compose_cluster
     assert project_leftovers(c.project), "the cluster should exist before it is taken down"
