@@ -308,3 +308,35 @@ def test_a_revoked_token_gets_permission_error(lock_cluster, mounter, paths):
     finally:
         os.close(fd)
         unmount(user_mount)
+
+
+def test_two_metaservers_on_etcd_share_the_locks(private_cluster, mounter, lockers):
+    """Each mount talks to its own metaserver; the locks, their waits and leases are one."""
+    c = private_cluster(
+        kv="etcd",
+        metaservers=2,
+        storage_servers=2,
+        replicas=2,
+        # a metaserver that takes the lead judges leases only after its outage grace
+        extra_meta_args=["--lock-lease-timeout", str(LEASE), "--store-outage-grace", "2"],
+    )
+    one, two = (mounter(f"{c.host}:{port}") for port in c.meta_ports)
+    name = f"lock-{uuid.uuid4().hex[:10]}"
+    open(os.path.join(one, name), "wb").close()
+    a, b = lockers(os.path.join(one, name)), lockers(os.path.join(two, name))
+    assert a.do("lockf EX 0 0") == "ok"
+    assert b.do("lockf SH 0 0 nb") in (WOULD_BLOCK, f"err {errno.EACCES}")
+    b.send("lockf SH 0 0")  # waits on the other metaserver
+    assert b.answer(1.5) is None
+    started = time.monotonic()
+    assert a.do("lockf UN 0 0") == "ok"
+    assert b.answer(10.0) == "ok"
+    assert time.monotonic() - started < 2.0
+    # a mount that dies: whichever metaserver leads ends its lease
+    assert b.do("flock EX") == "ok"
+    os.kill(_daemon_pid(two), signal.SIGKILL)
+    try:
+        a.send("flock EX")
+        assert a.answer(LEASE + 15) == "ok"
+    finally:
+        unmount(two)
