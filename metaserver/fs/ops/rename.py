@@ -9,7 +9,7 @@ from emberfs.common.errors import (
     NotADirectory,
     NotEmpty,
 )
-from emberfs.metaserver.fs import access, lookup
+from emberfs.metaserver.fs import access, lookup, quota
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.fs.ops import remove, trash
 from emberfs.proto import common_pb2, meta_pb2
@@ -65,6 +65,9 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
             trash.keep(op, target, req.dst)  # the replaced file waits in the trash
         else:
             remove.drop_link(op, target)
+    quota.moved(op, attr, quota.realm_below(dst_parent), req.src)
+    if is_dir:
+        quota.renamed(op, req.src, req.dst)
     op.delete_dentry(src_parent.inode, src.name)
     op.put_dentry(dst_parent.inode, dst.name, attr)
     attr.ctime_ns = op.now
@@ -82,6 +85,7 @@ def exchange(op: OpContext, src, dst, attr, req: meta_pb2.RenameRequest) -> meta
     access.check_sticky(dst.parent, target, op.creds)
     if target.type == common_pb2.DIRECTORY and any(a.inode == target.inode for a in src.parents):
         raise InvalidArgument(f"cannot move {req.dst} into its own subtree {req.src}")
+    quota.same_realm(quota.realm_below(src.parent), quota.realm_below(dst.parent), req.dst)
     op.put_dentry(src.parent.inode, src.name, target)
     op.put_dentry(dst.parent.inode, dst.name, attr)
     for moved in (attr, target):

@@ -33,7 +33,7 @@ from emberfs.common.errors import (
     NotFound,
     PermissionDenied,
 )
-from emberfs.metaserver.fs import access, lookup
+from emberfs.metaserver.fs import access, lookup, quota
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.store import keys
 from emberfs.proto import common_pb2, meta_pb2
@@ -135,6 +135,9 @@ def restore(op: OpContext, req: meta_pb2.TrashRestoreRequest) -> meta_pb2.TrashR
             raise AlreadyExists(f"cannot restore entry {entry.entry}: {where} exists")
         access.check(found.parent, op.creds, access.WRITE | access.SEARCH, where)
         attr = op.load_inode(entry.entry)
+        quota.moved(op, attr, quota.realm_below(found.parent), where)
+        if attr.type == common_pb2.DIRECTORY:
+            quota.renamed(op, entry.path, where)
         attr.ctime_ns = op.now
         op.put_inode(attr)
         op.put_dentry(found.parent.inode, found.name, attr)
