@@ -24,7 +24,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import tokenize
 
-from emberfs.client import plan, trash, xattrs
+from emberfs.client import plan, quotas, trash, xattrs
 from emberfs.client.core import Client
 from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, attr_info, is_a_directory
@@ -238,9 +238,10 @@ class EmberFileSystem(AbstractFileSystem):
     def checksum(self, path) -> int:
         return int(self.ukey(path), 16)
 
-    def statfs(self) -> dict:
-        """Capacity and usage of the cluster."""
-        r = self.client.meta.statfs()
+    def statfs(self, path: str = "") -> dict:
+        """Capacity and usage of the cluster; with ``path``, those of the nearest quota over it
+        with a limit (``quota_path`` names it; ``inode_limit`` its inode limit)."""
+        r = self.client.meta.statfs(self._strip_protocol(path) if path else "")
         return {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields}
 
     # directories -----------------------------------------------------------------
@@ -309,8 +310,29 @@ class EmberFileSystem(AbstractFileSystem):
         """Delete trash entries for real (``before``: only those removed earlier)."""
         return trash.purge(self.client.meta, entries, every, before)
 
+    def quota_set(self, path, max_bytes=None, max_inodes=None) -> tuple[dict, bool]:
+        """Set or change a directory's quota (root only; see :mod:`emberfs.client.quotas`); the
+        quota and whether its usage is above a limit now."""
+        return quotas.set_quota(self.client.meta, self._strip_protocol(path), max_bytes, max_inodes)
+
+    def quota_get(self, path) -> dict:
+        """A directory's quota and usage (FileNotFoundError when it has none)."""
+        return quotas.get(self.client.meta, self._strip_protocol(path))
+
+    def quota_list(self) -> list[dict]:
+        """Every quota and its usage."""
+        return quotas.list_quotas(self.client.meta)
+
+    def quota_remove(self, path) -> dict:
+        """Remove a directory's quota (root only); the quota as it was."""
+        return quotas.remove(self.client.meta, self._strip_protocol(path))
+
     def mv(self, path1, path2, recursive: bool = False, maxdepth=None, **kwargs) -> None:
-        """Rename a file or directory (atomic, one call); into ``path2`` if it is a directory."""
+        """Rename a file or directory (atomic, one call); into ``path2`` if it is a directory.
+
+        What a rename cannot move across quota directories (a directory, a file
+        with hard links: EXDEV) is copied and then removed, as ``mv`` does.
+        """
         if not (isinstance(path1, str) and isinstance(path2, str)) or _MAGIC.search(path1):
             return super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
         src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
@@ -326,6 +348,11 @@ class EmberFileSystem(AbstractFileSystem):
                 raise
             self.makedirs(parent(dst), exist_ok=True)
             self.client.meta.rename(src, dst)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            self.copy(src, dst, recursive=True)
+            self.rm(src, recursive=True)
 
     rename = mv
 

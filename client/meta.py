@@ -309,20 +309,29 @@ class MetaClient:
         )
 
     def batch_write_open(
-        self, paths: Sequence[str], flags: int, mode: int = 0o644
+        self,
+        paths: Sequence[str],
+        flags: int,
+        mode: int = 0o644,
+        reserve: dict[str, int] | None = None,
     ) -> list[meta_pb2.OpenResponse | OSError]:
         """Write opens of many paths with ``flags``, :data:`BATCH_OPEN` to a round trip.
 
         One entry per path, in order: what ``Open`` returns, or the OSError
         subclass it would raise. Each path has a request id of its own, so a
-        retried call opens nothing twice.
+        retried call opens nothing twice. ``reserve``: path -> the length to be
+        written, reserved in the file's quota at the open (EDQUOT for that path).
         """
         return self._batched(
             "BatchWriteOpen",
             paths,
             paths,
             lambda part: meta_pb2.BatchWriteOpenRequest(
-                ctx=self.context(len(part)), paths=part, flags=flags, mode=mode
+                ctx=self.context(len(part)),
+                paths=part,
+                flags=flags,
+                mode=mode,
+                reserve=[reserve[p] for p in part] if reserve else (),
             ),
             lambda r: self._opened(r.opened),
         )
@@ -477,8 +486,9 @@ class MetaClient:
         req = meta_pb2.HardlinkRequest(ctx=self.context(), src=src, dst=dst)
         return self.meta("Hardlink", req, dst).attr
 
-    def statfs(self) -> meta_pb2.StatFsResponse:
-        return self.meta("StatFs", meta_pb2.StatFsRequest(ctx=self.context()))
+    def statfs(self, path: str = "") -> meta_pb2.StatFsResponse:
+        """Capacity and usage; with ``path``, those of the quota over it where one applies."""
+        return self.meta("StatFs", meta_pb2.StatFsRequest(ctx=self.context(), path=path), path)
 
     def ping(self) -> None:
         self.meta("Ping", meta_pb2.PingRequest())
