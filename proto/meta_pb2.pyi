@@ -318,18 +318,20 @@ class ListResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("ctx", "path", "recursive", "directory", "inode")
+    __slots__ = ("ctx", "path", "recursive", "directory", "inode", "skip_trash")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RECURSIVE_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TRASH_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     path: str
     recursive: bool
     directory: bool
     inode: int
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ..., inode: _Optional[int] = ...) -> None: ...
+    skip_trash: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ..., inode: _Optional[int] = ..., skip_trash: _Optional[bool] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("removed",)
@@ -338,16 +340,18 @@ class RemoveResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class BatchRemoveRequest(_message.Message):
-    __slots__ = ("ctx", "paths", "recursive", "inodes")
+    __slots__ = ("ctx", "paths", "recursive", "inodes", "skip_trash")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     RECURSIVE_FIELD_NUMBER: _ClassVar[int]
     INODES_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TRASH_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     paths: _containers.RepeatedScalarFieldContainer[str]
     recursive: bool
     inodes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., recursive: _Optional[bool] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...
+    skip_trash: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., recursive: _Optional[bool] = ..., inodes: _Optional[_Iterable[int]] = ..., skip_trash: _Optional[bool] = ...) -> None: ...
 
 class BatchRemoveResult(_message.Message):
     __slots__ = ("removed", "errno")
@@ -364,18 +368,20 @@ class BatchRemoveResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[BatchRemoveResult, _Mapping]]] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("ctx", "src", "dst", "no_replace", "exchange")
+    __slots__ = ("ctx", "src", "dst", "no_replace", "exchange", "skip_trash")
     CTX_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TRASH_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     src: str
     dst: str
     no_replace: bool
     exchange: bool
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ..., exchange: _Optional[bool] = ...) -> None: ...
+    skip_trash: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ..., exchange: _Optional[bool] = ..., skip_trash: _Optional[bool] = ...) -> None: ...
 
 class RenameResponse(_message.Message):
     __slots__ = ("attr",)

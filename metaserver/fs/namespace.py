@@ -479,7 +479,9 @@ class Namespace:
             raise InvalidArgument("BatchRemove takes no inodes or one per path")
         inodes = req.inodes or [0] * len(req.paths)
         items = [
-            meta_pb2.RemoveRequest(path=p, recursive=req.recursive, inode=i)
+            meta_pb2.RemoveRequest(
+                path=p, recursive=req.recursive, inode=i, skip_trash=req.skip_trash
+            )
             for p, i in zip(req.paths, inodes, strict=True)
         ]
         self.runner.run_each(

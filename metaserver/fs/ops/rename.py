@@ -25,7 +25,8 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
     directory replaces an empty directory (NotEmpty otherwise); a directory
     over a file gives NotADirectory, a file over a directory IsADirectory,
     and ``no_replace`` gives AlreadyExists. With a trash, a replaced file or
-    symlink (its last link) is kept there (:mod:`.trash`). A directory cannot move into its
+    symlink (its last link) is kept there (:mod:`.trash`) unless ``skip_trash``
+    asks to delete it as without a trash. A directory cannot move into its
     own subtree (InvalidArgument); the root cannot move at all (Busy).
 
     With ``exchange`` both names must exist and they swap (renameat2's
@@ -61,7 +62,8 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
             raise IsADirectory(f"is a directory: {req.dst}")
         if target_is_dir and not op.is_empty_dir(target.inode):
             raise NotEmpty(f"directory not empty: {req.dst}")
-        if trash.enabled(op) and not target_is_dir and target.nlink <= 1:
+        keep = trash.enabled(op) and not req.skip_trash
+        if keep and not target_is_dir and target.nlink <= 1:
             trash.keep(op, target, req.dst)  # the replaced file waits in the trash
         else:
             remove.drop_link(op, target)

@@ -13,7 +13,10 @@ restores or purges an entry.
 Removing one link of a file that has others only drops that link (nothing
 is lost, so nothing is kept). A rename that replaces a file or symlink keeps
 the replaced one (a replaced directory is empty and goes). A remove by inode
-(a writer taking back a file it created) deletes as without a trash.
+(a writer taking back a file it created) deletes as without a trash, and so
+does a remove or rename that asks for it (``skip_trash``: anyone may, for the
+removals their permissions allow; the client's own replaced checkpoints and
+temporary files do).
 
 :func:`purge` deletes entries for real: a file's chunks are queued for
 garbage collection as by any remove (unless a write session still holds it);
