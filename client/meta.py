@@ -433,20 +433,32 @@ class MetaClient:
         req = meta_pb2.MkdirRequest(ctx=self.context(), path=path, mode=mode, parents=parents)
         return self.meta("Mkdir", req, path).attr
 
-    def remove(self, path: str, recursive: bool = False, directory: bool = False) -> int:
+    def remove(
+        self, path: str, recursive: bool = False, directory: bool = False, skip_trash: bool = False
+    ) -> int:
+        """Remove ``path``; ``skip_trash`` deletes it even when the metaserver keeps a trash."""
         req = meta_pb2.RemoveRequest(
-            ctx=self.context(), path=path, recursive=recursive, directory=directory
+            ctx=self.context(),
+            path=path,
+            recursive=recursive,
+            directory=directory,
+            skip_trash=skip_trash,
         )
         return self.meta("Remove", req, path).removed
 
     def batch_remove(
-        self, paths: Sequence[str], recursive: bool = False, inodes: Sequence[int] = ()
+        self,
+        paths: Sequence[str],
+        recursive: bool = False,
+        inodes: Sequence[int] = (),
+        skip_trash: bool = False,
     ) -> list[int | OSError]:
         """Remove many paths in order, :data:`BATCH_OPEN` to a round trip.
 
         One entry per path: the number of entries removed, or the OSError
         subclass ``Remove`` would raise. ``inodes`` (one per path) removes
-        each path only while it names that inode (FileNotFoundError otherwise).
+        each path only while it names that inode (FileNotFoundError otherwise);
+        ``skip_trash`` as for :meth:`remove`.
         """
         items = list(zip(paths, inodes, strict=True)) if inodes else [(p, 0) for p in paths]
         return self._batched(
@@ -458,14 +470,20 @@ class MetaClient:
                 paths=[p for p, _ in part],
                 recursive=recursive,
                 inodes=[i for _, i in part] if inodes else [],
+                skip_trash=skip_trash,
             ),
             lambda r: r.removed,
         )
 
-    def rename(self, src: str, dst: str, no_replace=False, exchange=False) -> common_pb2.InodeAttr:
-        """Move ``src`` to ``dst``; with ``exchange`` swap the two (both must exist)."""
+    def rename(
+        self, src: str, dst: str, no_replace=False, exchange=False, skip_trash=False
+    ) -> common_pb2.InodeAttr:
+        """Move ``src`` to ``dst``; with ``exchange`` swap the two (both must exist).
+
+        ``skip_trash`` deletes a replaced ``dst`` even when the metaserver keeps a trash.
+        """
         req = meta_pb2.RenameRequest(ctx=self.context(), src=src, dst=dst, no_replace=no_replace)
-        req.exchange = exchange
+        req.exchange, req.skip_trash = exchange, skip_trash
         return self.meta("Rename", req, src).attr
 
     def truncate(self, path: str, length: int, inode: int = 0) -> common_pb2.InodeAttr:

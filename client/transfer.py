@@ -267,7 +267,7 @@ class BatchTransfer:
             return
         try:
             self.client.meta.batch_remove(
-                [h.path for h in handles], inodes=[h.inode for h in handles]
+                [h.path for h in handles], inodes=[h.inode for h in handles], skip_trash=True
             )
         except OSError as exc:
             log.warning("could not remove %d files whose writes failed: %s", len(handles), exc)
