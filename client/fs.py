@@ -366,7 +366,7 @@ class EmberFileSystem(AbstractFileSystem):
             if exc.errno != errno.EXDEV:
                 raise
             self.copy(src, dst, recursive=True)
-            self.rm(src, recursive=True)
+            self.rm(src, recursive=True, skip_trash=True)  # its bytes are at dst now
 
     rename = mv
 
