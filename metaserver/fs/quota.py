@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 SHARDS = 8
 _RECORD = struct.Struct("<QQQ")  # max bytes, max inodes, the quota directory above (0: none)
-_USAGE = struct.Struct("<qq")  # bytes, inodes
+USAGE_FORMAT = struct.Struct("<qq")  # a usage shard: bytes, inodes
 #: a write open in a realm reserves up to this much (one chunk at most) of the room left ...
 OPEN_SHARE = 16  # ... divided by this, so many concurrent opens never take it all
 #: a reservation past what is asked grows with the file, up to this much
@@ -95,9 +95,14 @@ def stored(op: OpContext) -> list[Quota]:
 
 def usage(op: OpContext, directory: int) -> tuple[int, int]:
     """(bytes, inodes) below a quota directory: the sum of its shards."""
+    return add_up(raw for _, raw in op.txn.scan_prefix(keys.quota_usage_prefix(directory)))
+
+
+def add_up(shards) -> tuple[int, int]:
+    """The (bytes, inodes) that stored usage shards add up to."""
     total_bytes = total_inodes = 0
-    for _, raw in op.txn.scan_prefix(keys.quota_usage_prefix(directory)):
-        b, i = _USAGE.unpack(raw)
+    for raw in shards:
+        b, i = USAGE_FORMAT.unpack(raw)
         total_bytes += b
         total_inodes += i
     return total_bytes, total_inodes
@@ -106,8 +111,8 @@ def usage(op: OpContext, directory: int) -> tuple[int, int]:
 def _add(op: OpContext, directory: int, d_bytes: int, d_inodes: int) -> None:
     key = keys.quota_usage_key(directory, op.shard % SHARDS)
     raw = op.txn.get(key)
-    b, i = (0, 0) if raw is None else _USAGE.unpack(raw)
-    op.txn.put(key, _USAGE.pack(b + d_bytes, i + d_inodes))
+    b, i = (0, 0) if raw is None else USAGE_FORMAT.unpack(raw)
+    op.txn.put(key, USAGE_FORMAT.pack(b + d_bytes, i + d_inodes))
 
 
 def chain(op: OpContext, realm: int, stop: int = 0) -> list[Quota]:
@@ -202,7 +207,7 @@ def forget(op: OpContext, attr: common_pb2.InodeAttr) -> None:
 
 def set_usage(op: OpContext, directory: int, used_bytes: int, used_inodes: int) -> None:
     """Start a quota's usage at a count (its first shard)."""
-    op.txn.put(keys.quota_usage_key(directory, 0), _USAGE.pack(used_bytes, used_inodes))
+    op.txn.put(keys.quota_usage_key(directory, 0), USAGE_FORMAT.pack(used_bytes, used_inodes))
 
 
 def recharge(op: OpContext, attr: common_pb2.InodeAttr, charged: int, *, check: bool) -> None:
