@@ -286,13 +286,18 @@ def same_realm(a: int, b: int, what: str) -> None:
         raise CrossDevice(f"across quota directories: {what}")
 
 
-def renamed(op: OpContext, src: str, dst: str) -> None:
-    """A directory moved from path ``src`` to ``dst``: quotas set below it follow."""
-    prefix = src.rstrip("/") + "/"
+def renamed(op: OpContext, src: str, dst: str, swapped: bool = False) -> None:
+    """A directory moved from path ``src`` to ``dst`` (``swapped``: and the one at ``dst`` to
+    ``src``): quotas set on it or below it follow."""
+    moves = [(src.rstrip("/"), dst.rstrip("/"))]
+    if swapped:
+        moves.append(moves[0][::-1])
     for q in stored(op):
-        if q.path == src or q.path.startswith(prefix):
-            q.path = dst.rstrip("/") + q.path[len(src.rstrip("/")) :]
-            put(op, q)
+        for old, new in moves:
+            if q.path == old or q.path.startswith(old + "/"):
+                q.path = new + q.path[len(old) :]
+                put(op, q)
+                break
 
 
 def file_bytes(attr: common_pb2.InodeAttr) -> int:

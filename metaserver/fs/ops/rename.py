@@ -88,6 +88,8 @@ def exchange(op: OpContext, src, dst, attr, req: meta_pb2.RenameRequest) -> meta
     if target.type == common_pb2.DIRECTORY and any(a.inode == target.inode for a in src.parents):
         raise InvalidArgument(f"cannot move {req.dst} into its own subtree {req.src}")
     quota.same_realm(quota.realm_below(src.parent), quota.realm_below(dst.parent), req.dst)
+    if common_pb2.DIRECTORY in (attr.type, target.type):
+        quota.renamed(op, req.src, req.dst, swapped=True)
     op.put_dentry(src.parent.inode, src.name, target)
     op.put_dentry(dst.parent.inode, dst.name, attr)
     for moved in (attr, target):

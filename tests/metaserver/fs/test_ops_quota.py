@@ -175,6 +175,10 @@ def test_moves_across_quotas(ns):
     ns.rename(meta_pb2.RenameRequest(ctx=ROOT, src="/b", dst="/c"))
     listed = ns.quota_list(meta_pb2.QuotaListRequest(ctx=ROOT)).quotas
     assert sorted(q.path for q in listed) == ["/a", "/c", "/c/n"]
+    mkdir(ns, "/c/x")
+    ns.rename(meta_pb2.RenameRequest(ctx=ROOT, src="/c/n", dst="/c/x", exchange=True))
+    listed = ns.quota_list(meta_pb2.QuotaListRequest(ctx=ROOT)).quotas
+    assert sorted(q.path for q in listed) == ["/a", "/c", "/c/x"]
 
 
 def test_setting_a_quota_counts_what_is_there_and_limits_below_use_are_reported(ns):
