@@ -12,9 +12,10 @@ Usage (bytes, inodes) lives in :data:`SHARDS` counter records per quota
 adds its change to one shard in its own commit, so usage is exact and
 durable with the operation, and two creates in one quota conflict only when
 they pick the same shard. A limit is checked against the sum of the shards,
-read by one range scan that an optimistic transaction does not track, so
-operations racing one another may pass a limit together by what they add
-(one inode each, or one write reservation each).
+read by one range scan that an optimistic transaction does not track; within
+the last quarter of a limit the shards are read again one by one, tracked,
+so that operations racing one another there conflict and retry: none can
+pass a limit because another did not see it.
 
 Bytes are the lengths of regular files, or more while a write session holds
 space it reserved (``quota_charged``, :func:`grant`): a writer reserves
@@ -47,6 +48,8 @@ _RECORD = struct.Struct("<QQQ")  # max bytes, max inodes, the quota directory ab
 USAGE_FORMAT = struct.Struct("<qq")  # a usage shard: bytes, inodes
 #: a write open in a realm reserves up to this much (one chunk at most) of the room left ...
 OPEN_SHARE = 16  # ... divided by this, so many concurrent opens never take it all
+#: within the last 1/NEAR of a limit its usage is read so that racing changes conflict
+NEAR = 4
 #: a reservation past what is asked grows with the file, up to this much
 MAX_AHEAD = 256 << 20
 
@@ -93,8 +96,12 @@ def stored(op: OpContext) -> list[Quota]:
     return [decode(keys.quota_directory(k), raw) for k, raw in op.txn.scan_prefix(keys.QUOTA)]
 
 
-def usage(op: OpContext, directory: int) -> tuple[int, int]:
-    """(bytes, inodes) below a quota directory: the sum of its shards."""
+def usage(op: OpContext, directory: int, tracked: bool = False) -> tuple[int, int]:
+    """(bytes, inodes) below a quota directory: the sum of its shards (``tracked``: read one
+    by one, so that a change of any of them before this commits makes it retry)."""
+    if tracked:
+        raws = (op.txn.get(keys.quota_usage_key(directory, s)) for s in range(SHARDS))
+        return add_up(raw for raw in raws if raw is not None)
     return add_up(raw for _, raw in op.txn.scan_prefix(keys.quota_usage_prefix(directory)))
 
 
@@ -138,6 +145,8 @@ def room(op: OpContext, quotas: list[Quota]) -> tuple[int | None, int | None]:
         if not (q.max_bytes or q.max_inodes):
             continue
         used_bytes, used_inodes = usage(op, q.directory)
+        if _near(q.max_bytes, used_bytes) or _near(q.max_inodes, used_inodes):
+            used_bytes, used_inodes = usage(op, q.directory, tracked=True)
         if q.max_bytes:
             left = q.max_bytes - used_bytes
             free_bytes = left if free_bytes is None else min(free_bytes, left)
@@ -145,6 +154,10 @@ def room(op: OpContext, quotas: list[Quota]) -> tuple[int | None, int | None]:
             left = q.max_inodes - used_inodes
             free_inodes = left if free_inodes is None else min(free_inodes, left)
     return free_bytes, free_inodes
+
+
+def _near(limit: int, used: int) -> bool:
+    return bool(limit) and limit - used < limit // NEAR
 
 
 def charge(
