@@ -54,12 +54,15 @@ def over_limits(q: dict) -> list[str]:
     out = []
     if q["max_bytes"] and q["used_bytes"] > q["max_bytes"]:
         out.append(
-            f"{format_size(q['used_bytes'])} used, above the byte limit of "
-            f"{format_size(q['max_bytes'])}"
+            f"{format_size(q['used_bytes'])}, above its byte limit of {format_size(q['max_bytes'])}"
         )
     if q["max_inodes"] and q["used_inodes"] > q["max_inodes"]:
-        out.append(f"{q['used_inodes']} inodes, above the inode limit of {q['max_inodes']}")
+        out.append(f"{q['used_inodes']} inodes, above its inode limit of {q['max_inodes']}")
     return out
+
+
+def _inodes(n: int) -> str:
+    return f"{n} inode" + ("" if n == 1 else "s")
 
 
 def _show(quotas: list[dict], as_json: bool) -> None:
@@ -117,7 +120,7 @@ def main(argv: list[str]) -> int:
             q = fs.quota_remove(args.path)
             print(
                 f"removed the quota of {q['path']} "
-                f"({format_size(q['used_bytes'])} in {q['used_inodes']} inodes)"
+                f"({format_size(q['used_bytes'])} in {_inodes(q['used_inodes'])})"
             )
         sys.stdout.flush()
         return EXIT_OK

@@ -73,7 +73,7 @@ def test_set_get_ls_rm(run, fs, base):
 
     r = run("quota", "rm", base)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == f"removed the quota of {base} (1 MiB in 1 inodes)"
+    assert r.stdout.strip() == f"removed the quota of {base} (1 MiB in 1 inode)"
     with pytest.raises(FileNotFoundError):
         fs.quota_get(base)
 
@@ -85,8 +85,8 @@ def test_a_limit_below_usage_is_applied_with_a_warning(run, fs, base):
     assert r.returncode == 0, r.stderr
     assert base in r.stdout
     warning = r.stderr.strip()
-    assert warning.startswith(f"emberfs quota: warning: {base} holds 3 MiB used, above the byte")
-    assert "2 inodes, above the inode limit of 1" in warning and "EDQUOT" in warning
+    assert warning.startswith(f"emberfs quota: warning: {base} holds 3 MiB, above its byte")
+    assert "2 inodes, above its inode limit of 1" in warning and "EDQUOT" in warning
     q = fs.quota_get(base)
     assert (q["max_bytes"], q["max_inodes"]) == (2 * MiB, 1)
     with pytest.raises(OSError):
