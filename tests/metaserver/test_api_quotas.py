@@ -68,7 +68,7 @@ def test_errors(cluster, fs, base):
     fs.pipe_file(f"{base}/file", b"f")
     for method in ("GET", "DELETE"):
         resp = api(cluster, method, f"/api/v1/quotas{base}", headers=AUTH)
-        assert resp.status_code == 404 and resp.json() == {"detail": f"no quota on {base}"}
+        assert resp.status_code == 404 and resp.json() == {"detail": "no quota on this directory"}
     resp = api(cluster, "PUT", f"/api/v1/quotas{base}/none", json={}, headers=AUTH)
     assert resp.status_code == 404, resp.text
     resp = api(cluster, "PUT", f"/api/v1/quotas{base}/file", json={"max_bytes": 1}, headers=AUTH)

@@ -125,14 +125,21 @@ def get_quota(op: OpContext, req: meta_pb2.QuotaGetRequest) -> meta_pb2.QuotaInf
     access.check(attr, op.creds, access.SEARCH, req.path)
     q = quota.get(op, attr.inode) if attr.has_quota else None
     if q is None:
-        raise NotFound(f"no quota on {req.path}")
+        raise NotFound("no quota on this directory")
     return info(op, q)
 
 
 def list_quotas(op: OpContext, req: meta_pb2.QuotaListRequest) -> meta_pb2.QuotaListResponse:
-    """Every quota, by path."""
-    found = sorted((info(op, q) for q in quota.stored(op)), key=lambda i: (i.path, i.inode))
+    """Every quota, by path; for a caller other than root, those on directories it may search
+    (as :func:`get_quota` asks)."""
+    shown = [q for q in quota.stored(op) if op.creds.is_root or _searchable(op, q.directory)]
+    found = sorted((info(op, q) for q in shown), key=lambda i: (i.path, i.inode))
     return meta_pb2.QuotaListResponse(quotas=found)
+
+
+def _searchable(op: OpContext, directory: int) -> bool:
+    attr = op.get_inode(directory)
+    return attr is not None and access.allowed(attr, op.creds, access.SEARCH)
 
 
 def remove_quota(op: OpContext, req: meta_pb2.QuotaRemoveRequest) -> meta_pb2.QuotaRemoveResponse:
@@ -141,7 +148,7 @@ def remove_quota(op: OpContext, req: meta_pb2.QuotaRemoveRequest) -> meta_pb2.Qu
     attr = _directory(op, req.path)
     q = quota.get(op, attr.inode) if attr.has_quota else None
     if q is None:
-        raise NotFound(f"no quota on {req.path}")
+        raise NotFound("no quota on this directory")
     shown = info(op, q)
     relabel(op, attr.inode, attr.inode, attr.quota_realm)
     stack: list[int] = []

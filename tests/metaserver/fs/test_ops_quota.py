@@ -202,10 +202,17 @@ def test_setting_a_quota_counts_what_is_there_and_limits_below_use_are_reported(
         quota(ns, "/d/n")
 
 
-def test_only_root_sets_quotas(ns):
+def test_only_root_sets_quotas_and_others_list_what_they_may_search(ns):
     mkdir(ns, "/d")
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ROOT, path="/private", mode=0o700))
     with pytest.raises(errors.PermissionDenied):
         set_quota(ns, "/d", ctx=ALICE, max_bytes=1)
+    set_quota(ns, "/d", max_bytes=1)
+    set_quota(ns, "/private", max_bytes=1)
+    listed = ns.quota_list(meta_pb2.QuotaListRequest(ctx=ALICE)).quotas
+    assert [q.path for q in listed] == ["/d"]
+    listed = ns.quota_list(meta_pb2.QuotaListRequest(ctx=ROOT)).quotas
+    assert [q.path for q in listed] == ["/d", "/private"]
     write(ns, "/f", 0)
     with pytest.raises(errors.NotADirectory):
         set_quota(ns, "/f", max_bytes=1)
