@@ -317,7 +317,7 @@ def run_bench(fs, cfg: BenchConfig, progress: _Progress, keep: bool = False) -> 
             results.append(res)
     finally:
         if not keep:
-            fs.rm(root, recursive=True)
+            fs.rm(root, recursive=True, skip_trash=True)  # its own files: not for the trash
     return results
 
 

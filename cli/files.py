@@ -358,10 +358,15 @@ def main_get(argv: list[str]) -> int:
 
 
 def main_rm(argv: list[str]) -> int:
-    """``emberfs rm [-r] [-f] PATH...``: remove files (``-r``: whole trees)."""
+    """``emberfs rm [-r] [-f] [--skip-trash] PATH...``: remove files (``-r``: whole trees)."""
     p = command_parser("rm", "Remove files or directory trees.")
     p.add_argument("-r", "--recursive", action="store_true", help="remove directories and trees")
     p.add_argument("-f", "--force", action="store_true", help="ignore missing paths")
+    p.add_argument(
+        "--skip-trash",
+        action="store_true",
+        help="delete for good even when the metaserver keeps a trash (nothing to restore)",
+    )
     p.add_argument("paths", nargs="+")
     args = p.parse_args(argv)
     holder: list = []
@@ -373,7 +378,7 @@ def main_rm(argv: list[str]) -> int:
             try:
                 if not args.recursive and fs.isdir(path):
                     raise IsADirectoryError(errno.EISDIR, "is a directory (use -r)", path)
-                fs.rm(path, recursive=args.recursive)
+                fs.rm(path, recursive=args.recursive, skip_trash=args.skip_trash)
             except FileNotFoundError:
                 if not args.force:
                     raise

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "mkdir": ("emberfs.cli.files", "main_mkdir", "make a directory"),
     "mv": ("emberfs.cli.files", "main_mv", "rename or move"),
     "trash": ("emberfs.cli.trash", "main", "list, restore and purge removed files and trees"),
+    "quota": ("emberfs.cli.quota", "main", "set, show, list and remove directory quotas"),
     "admin": ("emberfs.cli.admin", "main", "show and steer a cluster through its admin API"),
     "fsck": ("emberfs.cli.fsck", "main", "check a cluster's namespace and chunks (and repair)"),
     "migrate": (

@@ -12,7 +12,9 @@ and when the coordinator has written ``.metadata`` there it publishes the
 whole directory in one metaserver transaction: a rename when the checkpoint
 is new, an exchange of the two directories (``EmberFileSystem.exchange``)
 when it replaces one. Only then is the previous checkpoint, now under the
-staging name, removed. A save killed at any point (``kill -9`` of any rank)
+staging name, removed. Neither it nor a staging leftover goes to the
+metaserver's trash (``skip_trash``): a job saving every half hour would keep
+a day of old checkpoints there. A save killed at any point (``kill -9`` of any rank)
 leaves the checkpoint's path holding the previous checkpoint or the new one,
 complete; a leftover staging directory is cleared by the next save to the
 same path. DCP's ``FsspecReader`` reads it; :class:`CheckpointReader` reads it
@@ -115,7 +117,7 @@ class CheckpointWriter(FsspecWriter):
     def prepare_global_plan(self, plans):
         # The coordinator runs this once every rank has planned (and made the staging
         # directory) and before any rank writes: a leftover of a killed save goes here.
-        self.fs.fs.rm(self.path, recursive=True)
+        self.fs.fs.rm(self.path, recursive=True, skip_trash=True)
         self.fs.mkdir(self.path)
         return super().prepare_global_plan(plans)
 
@@ -124,7 +126,7 @@ class CheckpointWriter(FsspecWriter):
         fs = self.fs.fs
         if fs.exists(self.final_path):
             fs.exchange(self.path, self.final_path)
-            fs.rm(self.path, recursive=True)  # the previous checkpoint
+            fs.rm(self.path, recursive=True, skip_trash=True)  # the previous checkpoint
         else:
             fs.mv(self.path, self.final_path)
 

@@ -24,7 +24,7 @@ from fsspec.callbacks import DEFAULT_CALLBACK
 from fsspec.spec import AbstractFileSystem
 from fsspec.utils import tokenize
 
-from emberfs.client import plan, trash, xattrs
+from emberfs.client import plan, quotas, trash, xattrs
 from emberfs.client.core import Client
 from emberfs.client.file import EmberFile
 from emberfs.client.handles import OpenHandle, attr_info, is_a_directory
@@ -238,9 +238,10 @@ class EmberFileSystem(AbstractFileSystem):
     def checksum(self, path) -> int:
         return int(self.ukey(path), 16)
 
-    def statfs(self) -> dict:
-        """Capacity and usage of the cluster."""
-        r = self.client.meta.statfs()
+    def statfs(self, path: str = "") -> dict:
+        """Capacity and usage of the cluster; with ``path``, those of the nearest quota over it
+        with a limit (``quota_path`` names it; ``inode_limit`` its inode limit)."""
+        r = self.client.meta.statfs(self._strip_protocol(path) if path else "")
         return {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields}
 
     # directories -----------------------------------------------------------------
@@ -261,38 +262,43 @@ class EmberFileSystem(AbstractFileSystem):
         else:
             self.mkdir(path, create_parents=True)
 
-    def rmdir(self, path) -> None:
-        self.client.meta.remove(self._strip_protocol(path), directory=True)
+    def rmdir(self, path, skip_trash: bool = False) -> None:
+        self.client.meta.remove(self._strip_protocol(path), directory=True, skip_trash=skip_trash)
 
-    def rm_file(self, path) -> None:
+    def rm_file(self, path, skip_trash: bool = False) -> None:
         """Remove a file or symlink (IsADirectoryError for a directory)."""
         path = self._strip_protocol(path)
         if self.client.meta.stat(path, follow=False).type == common_pb2.DIRECTORY:
             raise is_a_directory(path)
-        self.client.meta.remove(path)
+        self.client.meta.remove(path, skip_trash=skip_trash)
 
     _rm = rm_file
 
-    def rm(self, path, recursive: bool = False, maxdepth: int | None = None) -> None:
+    def rm(
+        self, path, recursive: bool = False, maxdepth: int | None = None, skip_trash: bool = False
+    ) -> None:
         """Remove files, or whole trees with ``recursive`` (one metaserver call per tree).
 
         Many paths (a list, or what a glob or ``maxdepth`` expands to) go in
         one ``BatchRemove`` call per 1000, each removed on its own: every
         path is attempted, then the first failure in their order is raised.
+        ``skip_trash`` deletes what goes even when the metaserver keeps a
+        trash (its chunks go to garbage collection; nothing to restore).
         """
+        meta = self.client.meta
         paths = path if isinstance(path, list | tuple) else [path]
         if maxdepth is None and not any(_MAGIC.search(str(p)) for p in paths):
             stripped = [self._strip_protocol(p) for p in paths]
             if len(stripped) == 1:
-                self.client.meta.remove(stripped[0], recursive=recursive)
+                meta.remove(stripped[0], recursive=recursive, skip_trash=skip_trash)
                 return
-            for got in self.client.meta.batch_remove(stripped, recursive=recursive):
+            for got in meta.batch_remove(stripped, recursive=recursive, skip_trash=skip_trash):
                 if isinstance(got, OSError):
                     raise got
             return
         expanded = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
         deepest_first = sorted(expanded, key=lambda s: (-s.count("/"), s))
-        for got in self.client.meta.batch_remove(deepest_first, recursive=recursive):
+        for got in meta.batch_remove(deepest_first, recursive=recursive, skip_trash=skip_trash):
             if isinstance(got, OSError) and not isinstance(got, FileNotFoundError):
                 raise got  # a missing path went with its parent
 
@@ -309,10 +315,40 @@ class EmberFileSystem(AbstractFileSystem):
         """Delete trash entries for real (``before``: only those removed earlier)."""
         return trash.purge(self.client.meta, entries, every, before)
 
-    def mv(self, path1, path2, recursive: bool = False, maxdepth=None, **kwargs) -> None:
-        """Rename a file or directory (atomic, one call); into ``path2`` if it is a directory."""
+    def quota_set(self, path, max_bytes=None, max_inodes=None) -> tuple[dict, bool]:
+        """Set or change a directory's quota (root only; see :mod:`emberfs.client.quotas`); the
+        quota and whether its usage is above a limit now."""
+        return quotas.set_quota(self.client.meta, self._strip_protocol(path), max_bytes, max_inodes)
+
+    def quota_get(self, path) -> dict:
+        """A directory's quota and usage (FileNotFoundError when it has none)."""
+        return quotas.get(self.client.meta, self._strip_protocol(path))
+
+    def quota_list(self) -> list[dict]:
+        """Every quota and its usage."""
+        return quotas.list_quotas(self.client.meta)
+
+    def quota_remove(self, path) -> dict:
+        """Remove a directory's quota (root only); the quota as it was."""
+        return quotas.remove(self.client.meta, self._strip_protocol(path))
+
+    def mv(
+        self, path1, path2, recursive: bool = False, maxdepth=None, skip_trash=False, **kwargs
+    ) -> None:
+        """Rename a file or directory (atomic, one call); into ``path2`` if it is a directory.
+
+        What a rename cannot move across quota directories (a directory, a file
+        with hard links: EXDEV) is copied and then removed, as ``mv`` does.
+        ``skip_trash`` deletes a replaced file even when the metaserver keeps
+        a trash. Many paths (a list or a glob) are copied, then the sources
+        removed (fsspec's way), those sources never kept in the trash: their
+        data lives on at ``path2``.
+        """
         if not (isinstance(path1, str) and isinstance(path2, str)) or _MAGIC.search(path1):
-            return super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+            if path1 != path2:
+                self.copy(path1, path2, recursive=recursive, maxdepth=maxdepth, on_error="raise")
+                self.rm(path1, recursive=recursive, skip_trash=True)
+            return None
         src, dst = self._strip_protocol(path1), self._strip_protocol(path2)
         try:
             if self.info(dst)["type"] == "directory" and src != dst:
@@ -320,12 +356,17 @@ class EmberFileSystem(AbstractFileSystem):
         except FileNotFoundError:
             pass
         try:
-            self.client.meta.rename(src, dst)
+            self.client.meta.rename(src, dst, skip_trash=skip_trash)
         except FileNotFoundError:
             if not self.auto_mkdir or not self.exists(src):
                 raise
             self.makedirs(parent(dst), exist_ok=True)
-            self.client.meta.rename(src, dst)
+            self.client.meta.rename(src, dst, skip_trash=skip_trash)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            self.copy(src, dst, recursive=True)
+            self.rm(src, recursive=True, skip_trash=True)  # its bytes are at dst now
 
     rename = mv
 

@@ -18,8 +18,8 @@ applied once.
 Concurrent namespace changes of one client ride together: while a write
 open, a create or a close of some thread is in flight, the same calls of
 other threads wait and then go as one batch call (``BatchWriteOpen``,
-``BatchCreate``, ``BatchClose``; :class:`Combiner`), each item with a
-request id and an answer of its own. A call made alone is sent alone, so a
+``BatchCreate``, ``BatchClose``; :class:`~emberfs.client.combiner.Combiner`),
+each item with a request id and an answer of its own. A call made alone is sent alone, so a
 single thread sees the latency of one call, and many threads share round
 trips and WAL syncs.
 """
@@ -29,13 +29,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Iterator, Sequence
 
 import grpc
 
 from emberfs.client import config
 from emberfs.client.capabilities import Capabilities
+from emberfs.client.combiner import Combiner
 from emberfs.client.retry import RequestIds, retry
 from emberfs.common import errors, grpcauth
 from emberfs.common.addresses import split_addresses
@@ -49,114 +49,6 @@ BATCH_OPEN = 1000
 # Channels of a parent process, kept referenced in a forked child so their
 # finalisers never run there (closing a channel inherited across fork is unsafe).
 _INHERITED: list[object] = []
-
-
-class _Slot:
-    __slots__ = ("item", "result", "done", "batch", "leads")
-
-    def __init__(self, item) -> None:
-        self.item = item
-        self.result: object = None
-        self.done = threading.Event()
-        self.batch: list[_Slot] | None = None  # the batch this caller sends
-        self.leads: tuple[int, float] | None = None  # it gathers the next batch (Combiner._run)
-
-
-class Combiner:
-    """Calls of one kind from many threads, sent together.
-
-    A caller finding no call of its kind in flight sends its own at once;
-    callers that come while one is in flight queue, and when it ends the
-    first of them sends everything queued by then in one ``send`` (then the
-    next queue goes, and so on). When a call of several callers ends, the
-    next one waits a little for them, since they often call again at once:
-    until they all came back, or a quarter of that call's time (at most
-    :attr:`MAX_LINGER`) has passed. Without it the threads of a busy client
-    split into groups that take turns, a call carrying a part of them. A
-    caller alone never waits. ``send(items)`` returns one result per item, an
-    exception instance for an item that failed; an exception it raises fails
-    every item of the batch.
-    """
-
-    MAX_LINGER = 0.002  # seconds
-
-    def __init__(self, send) -> None:
-        self._send = send
-        self._cond = threading.Condition()
-        self._queued: list[_Slot] = []
-        self._busy = False  # a call is in flight, or the next one is being gathered
-        self._arrived = 0  # callers queued since the last call ended
-        self._lead: tuple[int, float] | None = None  # the next caller gathers (see _run)
-        self._expected: int | None = None  # the callers a gathering caller waits for
-
-    def queued(self) -> int:
-        """Callers waiting for the next call."""
-        with self._cond:
-            return len(self._queued)
-
-    def call(self, item):
-        """``item``'s result (its exception raised)."""
-        slot = _Slot(item)
-        with self._cond:
-            if not self._busy:
-                self._busy = True
-                slot.batch = [slot]
-            else:
-                self._queued.append(slot)
-                self._arrived += 1
-                if self._lead is not None:
-                    slot.leads, self._lead = self._lead, None
-                elif self._arrived == self._expected:
-                    self._cond.notify()  # the gathering caller: everyone it waits for is here
-        if slot.batch is None and slot.leads is None:
-            slot.done.wait()
-        if slot.leads is not None:
-            slot.batch = self._gather(*slot.leads)
-        if slot.batch is not None:
-            self._run(slot.batch)
-        if isinstance(slot.result, BaseException):
-            raise slot.result
-        return slot.result
-
-    def _gather(self, expected: int, deadline: float) -> list[_Slot]:
-        """The queue, once ``expected`` callers are in it or at ``deadline``."""
-        with self._cond:
-            self._expected = expected
-            while self._arrived < expected:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            self._expected = None
-            batch, self._queued = self._queued, []
-        return batch
-
-    def _run(self, batch: list[_Slot]) -> None:
-        began = time.monotonic()
-        try:
-            results = self._send([s.item for s in batch])
-        except BaseException as exc:
-            results = [exc] * len(batch)
-        now = time.monotonic()
-        for s, result in zip(batch, results, strict=True):
-            s.result = result
-        deadline = now + min((now - began) / 4, self.MAX_LINGER)
-        first = None
-        with self._cond:
-            # the next call waits for this one's callers besides those queued meanwhile
-            lead = (len(self._queued) + len(batch), deadline)
-            self._arrived = len(self._queued)
-            if self._queued:
-                first = self._queued[0]
-                first.leads = lead
-            elif len(batch) > 1:
-                self._lead = lead  # whoever comes first gathers
-            else:
-                self._busy = False
-        for s in batch[1:]:
-            s.done.set()
-        if first is not None:
-            first.done.set()
 
 
 class MetaClient:
@@ -417,20 +309,29 @@ class MetaClient:
         )
 
     def batch_write_open(
-        self, paths: Sequence[str], flags: int, mode: int = 0o644
+        self,
+        paths: Sequence[str],
+        flags: int,
+        mode: int = 0o644,
+        reserve: dict[str, int] | None = None,
     ) -> list[meta_pb2.OpenResponse | OSError]:
         """Write opens of many paths with ``flags``, :data:`BATCH_OPEN` to a round trip.
 
         One entry per path, in order: what ``Open`` returns, or the OSError
         subclass it would raise. Each path has a request id of its own, so a
-        retried call opens nothing twice.
+        retried call opens nothing twice. ``reserve``: path -> the length to be
+        written, reserved in the file's quota at the open (EDQUOT for that path).
         """
         return self._batched(
             "BatchWriteOpen",
             paths,
             paths,
             lambda part: meta_pb2.BatchWriteOpenRequest(
-                ctx=self.context(len(part)), paths=part, flags=flags, mode=mode
+                ctx=self.context(len(part)),
+                paths=part,
+                flags=flags,
+                mode=mode,
+                reserve=[reserve[p] for p in part] if reserve else (),
             ),
             lambda r: self._opened(r.opened),
         )
@@ -532,20 +433,32 @@ class MetaClient:
         req = meta_pb2.MkdirRequest(ctx=self.context(), path=path, mode=mode, parents=parents)
         return self.meta("Mkdir", req, path).attr
 
-    def remove(self, path: str, recursive: bool = False, directory: bool = False) -> int:
+    def remove(
+        self, path: str, recursive: bool = False, directory: bool = False, skip_trash: bool = False
+    ) -> int:
+        """Remove ``path``; ``skip_trash`` deletes it even when the metaserver keeps a trash."""
         req = meta_pb2.RemoveRequest(
-            ctx=self.context(), path=path, recursive=recursive, directory=directory
+            ctx=self.context(),
+            path=path,
+            recursive=recursive,
+            directory=directory,
+            skip_trash=skip_trash,
         )
         return self.meta("Remove", req, path).removed
 
     def batch_remove(
-        self, paths: Sequence[str], recursive: bool = False, inodes: Sequence[int] = ()
+        self,
+        paths: Sequence[str],
+        recursive: bool = False,
+        inodes: Sequence[int] = (),
+        skip_trash: bool = False,
     ) -> list[int | OSError]:
         """Remove many paths in order, :data:`BATCH_OPEN` to a round trip.
 
         One entry per path: the number of entries removed, or the OSError
         subclass ``Remove`` would raise. ``inodes`` (one per path) removes
-        each path only while it names that inode (FileNotFoundError otherwise).
+        each path only while it names that inode (FileNotFoundError otherwise);
+        ``skip_trash`` as for :meth:`remove`.
         """
         items = list(zip(paths, inodes, strict=True)) if inodes else [(p, 0) for p in paths]
         return self._batched(
@@ -557,14 +470,20 @@ class MetaClient:
                 paths=[p for p, _ in part],
                 recursive=recursive,
                 inodes=[i for _, i in part] if inodes else [],
+                skip_trash=skip_trash,
             ),
             lambda r: r.removed,
         )
 
-    def rename(self, src: str, dst: str, no_replace=False, exchange=False) -> common_pb2.InodeAttr:
-        """Move ``src`` to ``dst``; with ``exchange`` swap the two (both must exist)."""
+    def rename(
+        self, src: str, dst: str, no_replace=False, exchange=False, skip_trash=False
+    ) -> common_pb2.InodeAttr:
+        """Move ``src`` to ``dst``; with ``exchange`` swap the two (both must exist).
+
+        ``skip_trash`` deletes a replaced ``dst`` even when the metaserver keeps a trash.
+        """
         req = meta_pb2.RenameRequest(ctx=self.context(), src=src, dst=dst, no_replace=no_replace)
-        req.exchange = exchange
+        req.exchange, req.skip_trash = exchange, skip_trash
         return self.meta("Rename", req, src).attr
 
     def truncate(self, path: str, length: int, inode: int = 0) -> common_pb2.InodeAttr:
@@ -585,8 +504,9 @@ class MetaClient:
         req = meta_pb2.HardlinkRequest(ctx=self.context(), src=src, dst=dst)
         return self.meta("Hardlink", req, dst).attr
 
-    def statfs(self) -> meta_pb2.StatFsResponse:
-        return self.meta("StatFs", meta_pb2.StatFsRequest(ctx=self.context()))
+    def statfs(self, path: str = "") -> meta_pb2.StatFsResponse:
+        """Capacity and usage; with ``path``, those of the quota over it where one applies."""
+        return self.meta("StatFs", meta_pb2.StatFsRequest(ctx=self.context(), path=path), path)
 
     def ping(self) -> None:
         self.meta("Ping", meta_pb2.PingRequest())

@@ -259,9 +259,10 @@ class EmberFuse(XattrOps, LockOps):
 
     @fuse_errors
     def statfs(self, path: str) -> dict:
-        r = self.meta.statfs()
-        used_inodes = r.files + r.directories
-        total_inodes = max(r.inodes, used_inodes + (1 << 32))
+        r = self.meta.statfs(path)  # under a quota: the quota's figures (df of its directory)
+        used_inodes = r.inodes if r.inode_limit else r.files + r.directories
+        total_inodes = r.inode_limit or max(r.inodes, used_inodes + (1 << 32))
+        used_inodes = min(used_inodes, total_inodes)
         return {
             "f_bsize": STATFS_BLOCK,
             "f_frsize": STATFS_BLOCK,

@@ -160,15 +160,19 @@ class BatchTransfer:
             if k in failed:
                 raise failed[k]
 
-    def _write_handles(self, paths: list[str], flags: int) -> dict[str, OpenHandle | OSError]:
+    def _write_handles(
+        self, paths: list[str], flags: int, lengths: dict[str, int] | None = None
+    ) -> dict[str, OpenHandle | OSError]:
         """Write opens of (stripped) ``paths`` with ``flags``: each a handle or its open's error.
 
         One ``BatchWriteOpen`` round trip per 1000 paths; with ``auto_mkdir``
         the missing parents of paths that failed with ENOENT are made, and
-        those paths opened again in one more call.
+        those paths opened again in one more call. ``lengths`` (path -> bytes
+        to be written) are reserved in the files' quotas at the open.
         """
+        meta = self.client.meta
         got: dict[str, meta_pb2.OpenResponse | OSError] = dict(
-            zip(paths, self.client.meta.batch_write_open(paths, flags), strict=True)
+            zip(paths, meta.batch_write_open(paths, flags, reserve=lengths), strict=True)
         )
         missing = [p for p, g in got.items() if isinstance(g, FileNotFoundError)]
         if missing and self.fs.auto_mkdir:
@@ -187,7 +191,8 @@ class BatchTransfer:
                 else:
                     got[p] = made[up]  # what a single open would raise
             if retry:
-                got.update(zip(retry, self.client.meta.batch_write_open(retry, flags), strict=True))
+                opened = meta.batch_write_open(retry, flags, reserve=lengths)
+                got.update(zip(retry, opened, strict=True))
         return {
             p: g if isinstance(g, OSError) else OpenHandle.from_open(p, g) for p, g in got.items()
         }
@@ -207,7 +212,7 @@ class BatchTransfer:
         flags = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
         flags |= meta_pb2.OPEN_EXCLUSIVE if exclusive else meta_pb2.OPEN_TRUNCATE
         datas = {p: v if isinstance(v, bytes) else bytes(v) for p, v in items.items()}
-        handles = self._write_handles(list(datas), flags)
+        handles = self._write_handles(list(datas), flags, {p: len(d) for p, d in datas.items()})
         failed: dict[str, BaseException] = {
             p: h for p, h in handles.items() if isinstance(h, OSError)
         }
@@ -262,7 +267,7 @@ class BatchTransfer:
             return
         try:
             self.client.meta.batch_remove(
-                [h.path for h in handles], inodes=[h.inode for h in handles]
+                [h.path for h in handles], inodes=[h.inode for h in handles], skip_trash=True
             )
         except OSError as exc:
             log.warning("could not remove %d files whose writes failed: %s", len(handles), exc)

@@ -14,7 +14,10 @@ mount's open files (:mod:`emberfs.client.mountfiles`) write through a
 * :meth:`FileWriter.flush` waits until the chains hold every write,
   :meth:`FileWriter.sync` also makes the length exact on the metaserver
   (``Sync``), :meth:`FileWriter.close` ends the write session (``Close``);
-* a write past the end first records the gap as a hole (``Truncate``).
+* a write past the end first records the gap as a hole (``Truncate``);
+* in a directory with a quota, a write first reserves its room there
+  (``QuotaReserve``, only when it passes what the file holds already), so a
+  write that would pass the quota fails with EDQUOT before any byte is kept.
 
 While the writer is open its session's lease is renewed
 (:class:`~emberfs.client.handles.SessionLeases`); a session the metaserver
@@ -29,6 +32,7 @@ from collections import deque
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING
 
+from emberfs.client import quotas
 from emberfs.client.handles import OpenHandle, stale_session
 from emberfs.proto import common_pb2
 
@@ -160,10 +164,11 @@ class FileWriter:
         ``path`` names the file now (it may have been renamed since it opened).
         """
         self.check()
-        if offset > self.size:
-            self._grow_to(offset, path)
         mv = memoryview(data).cast("B")
         n = len(mv)
+        self._reserve(offset + n, path)
+        if offset > self.size:
+            self._grow_to(offset, path)
         # whole chunks of bytes go out as they are; so do those of a large buffer of the
         # caller's, which this call then waits for (no copy, and nothing read after return)
         borrow = isinstance(data, bytes) or n >= BORROW_MIN
@@ -196,6 +201,16 @@ class FileWriter:
         self.dirty = True
         self._resize(max(self.size, offset + n))
         return n
+
+    def _reserve(self, end: int, path: str | None) -> None:
+        """Reserve room up to ``end`` in the file's quota before anything of a write is kept
+        (EDQUOT when it does not fit; nothing then changes)."""
+        attr = self.handle.attr
+        if attr.quota_realm and end > attr.quota_charged:
+            got = quotas.reserve(
+                self.client.meta, self.handle.inode, self.handle.session_id, end, path or self.path
+            )
+            attr.quota_charged = got.quota_charged
 
     def _send_pending(self) -> None:
         if not self._pending:

@@ -101,6 +101,11 @@ class NoSpace(EmberError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class QuotaExceeded(EmberError):
+    errno = _errno.EDQUOT
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class Unavailable(EmberError):
     """No replica, chain or service can take the request now; try again."""
 
@@ -156,6 +161,7 @@ _BY_ERRNO: dict[int, type[EmberError]] = {
         CrossDevice,
         Busy,
         NoSpace,
+        QuotaExceeded,
     )
 }
 

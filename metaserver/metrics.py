@@ -7,8 +7,13 @@ Two kinds of metrics, both exposed on the admin API's ``/metrics``:
   :class:`MetricsInterceptor`, which the gRPC server installs;
 * gauges of the cluster and namespace state (targets by state, full
   targets, chains by health, capacity, inode counts, GC queue, storage I/O
-  totals, the metaserver's own stalls), read at scrape time by
-  :class:`ClusterCollector`.
+  totals, the metaserver's own stalls, directory quotas), read at scrape time
+  by :class:`ClusterCollector`.
+
+Quotas are exported per directory (label ``path``), at most
+:data:`MAX_QUOTA_SERIES` of them: the fullest first (the highest ratio of
+usage to a limit), so the ones an alert is about are always among them;
+``emberfs_quotas`` counts them all.
 
 :func:`registry_for` combines both (plus the process and Python runtime
 collectors) into the registry one admin app serves.
@@ -34,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from emberfs.common.grpcauth import MethodWrapper
 from emberfs.metaserver.clustermgr import chainstate
+from emberfs.proto import meta_pb2
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 """The metaserver's own request metrics (one per process)."""
@@ -68,6 +74,8 @@ RPC_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+MAX_QUOTA_SERIES = 256
+"""Most quotas exported per scrape (the fullest)."""
 STATES = ("serving", "syncing", "waiting", "lastsrv", "offline")
 HEALTHS = ("healthy", "degraded", "unavailable")
 
@@ -221,6 +229,49 @@ class ClusterCollector(Collector):
                 value=counts["pending_cuts"],
             )
             yield from _kvcache_metrics(self.namespace.kvcaches.totals())
+            yield from quota_metrics(self.namespace.quota_list(meta_pb2.QuotaListRequest()).quotas)
+
+
+def _fill(q: meta_pb2.QuotaInfo) -> float:
+    """The highest ratio of a quota's usage to one of its limits (0 without limits)."""
+    ratios = [
+        used / limit
+        for used, limit in ((q.used_bytes, q.max_bytes), (q.used_inodes, q.max_inodes))
+        if limit
+    ]
+    return max(ratios, default=0.0)
+
+
+def quota_metrics(quotas) -> Iterator[Metric]:
+    """Usage and limits of the :data:`MAX_QUOTA_SERIES` fullest quotas, by directory; a limit
+    series only where the limit is set (0: none), so ``used / limit`` is over set limits."""
+    yield GaugeMetricFamily("emberfs_quotas", "Directory quotas set.", value=len(quotas))
+    shown = sorted(quotas, key=lambda q: (-_fill(q), q.path))[:MAX_QUOTA_SERIES]
+    labels = ["path"]
+    used_bytes = GaugeMetricFamily(
+        "emberfs_quota_used_bytes",
+        "Bytes counted below a quota directory: file lengths and open writers' reservations.",
+        labels=labels,
+    )
+    limit_bytes = GaugeMetricFamily(
+        "emberfs_quota_limit_bytes", "Byte limit of a quota directory (when set).", labels=labels
+    )
+    used_inodes = GaugeMetricFamily(
+        "emberfs_quota_used_inodes",
+        "Files, directories and symlinks below a quota directory.",
+        labels=labels,
+    )
+    limit_inodes = GaugeMetricFamily(
+        "emberfs_quota_limit_inodes", "Inode limit of a quota directory (when set).", labels=labels
+    )
+    for q in shown:
+        used_bytes.add_metric([q.path], q.used_bytes)
+        used_inodes.add_metric([q.path], q.used_inodes)
+        if q.max_bytes:
+            limit_bytes.add_metric([q.path], q.max_bytes)
+        if q.max_inodes:
+            limit_inodes.add_metric([q.path], q.max_inodes)
+    yield from (used_bytes, limit_bytes, used_inodes, limit_inodes)
 
 
 def _kvcache_metrics(totals) -> Iterator[Metric]:

@@ -172,6 +172,21 @@ class MetaServicer(meta_pb2_grpc.MetaServiceServicer):
     def TrashPurge(self, request, context):
         return self._call(self.namespace.trash_purge, request, context)
 
+    def QuotaSet(self, request, context):
+        return self._call(self.namespace.quota_set, request, context)
+
+    def QuotaGet(self, request, context):
+        return self._call(self.namespace.quota_get, request, context)
+
+    def QuotaList(self, request, context):
+        return self._call(self.namespace.quota_list, request, context)
+
+    def QuotaRemove(self, request, context):
+        return self._call(self.namespace.quota_remove, request, context)
+
+    def QuotaReserve(self, request, context):
+        return self._call(self.namespace.quota_reserve, request, context)
+
     def RenewSessions(self, request, context):
         return self._call(self.namespace.renew_sessions, request, context)
 

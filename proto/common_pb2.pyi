@@ -62,7 +62,7 @@ class Layout(_message.Message):
     def __init__(self, chunk_size: _Optional[int] = ..., stripe: _Optional[int] = ..., seed: _Optional[int] = ..., chain_table: _Optional[_Iterable[int]] = ..., chains: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InodeAttr(_message.Message):
-    __slots__ = ("inode", "type", "mode", "uid", "gid", "size", "mtime_ns", "ctime_ns", "crtime_ns", "nlink", "layout", "symlink_target", "holes", "data_version", "writers", "unversioned")
+    __slots__ = ("inode", "type", "mode", "uid", "gid", "size", "mtime_ns", "ctime_ns", "crtime_ns", "nlink", "layout", "symlink_target", "holes", "data_version", "writers", "unversioned", "quota_realm", "has_quota", "quota_charged")
     INODE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,9 @@ class InodeAttr(_message.Message):
     DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     WRITERS_FIELD_NUMBER: _ClassVar[int]
     UNVERSIONED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_REALM_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_CHARGED_FIELD_NUMBER: _ClassVar[int]
     inode: int
     type: FileType
     mode: int
@@ -95,7 +98,10 @@ class InodeAttr(_message.Message):
     data_version: int
     writers: int
     unversioned: bool
-    def __init__(self, inode: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., crtime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[str] = ..., holes: _Optional[_Iterable[_Union[ByteRange, _Mapping]]] = ..., data_version: _Optional[int] = ..., writers: _Optional[int] = ..., unversioned: _Optional[bool] = ...) -> None: ...
+    quota_realm: int
+    has_quota: bool
+    quota_charged: int
+    def __init__(self, inode: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., crtime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[str] = ..., holes: _Optional[_Iterable[_Union[ByteRange, _Mapping]]] = ..., data_version: _Optional[int] = ..., writers: _Optional[int] = ..., unversioned: _Optional[bool] = ..., quota_realm: _Optional[int] = ..., has_quota: _Optional[bool] = ..., quota_charged: _Optional[int] = ...) -> None: ...
 
 class ByteRange(_message.Message):
     __slots__ = ("start", "end")

@@ -150,16 +150,18 @@ class BatchCreateResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[BatchStatResult, _Mapping]]] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ("ctx", "path", "flags", "mode")
+    __slots__ = ("ctx", "path", "flags", "mode", "reserve")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     path: str
     flags: int
     mode: int
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ...) -> None: ...
+    reserve: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ..., reserve: _Optional[int] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
     __slots__ = ("attr", "session_id", "capability", "created")
@@ -228,16 +230,18 @@ class CloseResponse(_message.Message):
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
 class BatchWriteOpenRequest(_message.Message):
-    __slots__ = ("ctx", "paths", "flags", "mode")
+    __slots__ = ("ctx", "paths", "flags", "mode", "reserve")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     paths: _containers.RepeatedScalarFieldContainer[str]
     flags: int
     mode: int
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ...) -> None: ...
+    reserve: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., flags: _Optional[int] = ..., mode: _Optional[int] = ..., reserve: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchWriteOpenResult(_message.Message):
     __slots__ = ("opened", "errno")
@@ -330,18 +334,20 @@ class ListResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("ctx", "path", "recursive", "directory", "inode")
+    __slots__ = ("ctx", "path", "recursive", "directory", "inode", "skip_trash")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RECURSIVE_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TRASH_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     path: str
     recursive: bool
     directory: bool
     inode: int
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ..., inode: _Optional[int] = ...) -> None: ...
+    skip_trash: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ..., directory: _Optional[bool] = ..., inode: _Optional[int] = ..., skip_trash: _Optional[bool] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("removed",)
@@ -350,16 +356,18 @@ class RemoveResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class BatchRemoveRequest(_message.Message):
-    __slots__ = ("ctx", "paths", "recursive", "inodes")
+    __slots__ = ("ctx", "paths", "recursive", "inodes", "skip_trash")
     CTX_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     RECURSIVE_FIELD_NUMBER: _ClassVar[int]
     INODES_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TRASH_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     paths: _containers.RepeatedScalarFieldContainer[str]
     recursive: bool
     inodes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., recursive: _Optional[bool] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...
+    skip_trash: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ..., recursive: _Optional[bool] = ..., inodes: _Optional[_Iterable[int]] = ..., skip_trash: _Optional[bool] = ...) -> None: ...
 
 class BatchRemoveResult(_message.Message):
     __slots__ = ("removed", "errno")
@@ -376,18 +384,20 @@ class BatchRemoveResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[BatchRemoveResult, _Mapping]]] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("ctx", "src", "dst", "no_replace", "exchange")
+    __slots__ = ("ctx", "src", "dst", "no_replace", "exchange", "skip_trash")
     CTX_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_TRASH_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
     src: str
     dst: str
     no_replace: bool
     exchange: bool
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ..., exchange: _Optional[bool] = ...) -> None: ...
+    skip_trash: bool
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., no_replace: _Optional[bool] = ..., exchange: _Optional[bool] = ..., skip_trash: _Optional[bool] = ...) -> None: ...
 
 class RenameResponse(_message.Message):
     __slots__ = ("attr",)
@@ -566,26 +576,32 @@ class RemoveXattrResponse(_message.Message):
     def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
 class StatFsRequest(_message.Message):
-    __slots__ = ("ctx",)
+    __slots__ = ("ctx", "path")
     CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     ctx: _common_pb2.RequestContext
-    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ...) -> None: ...
+    path: str
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
 
 class StatFsResponse(_message.Message):
-    __slots__ = ("capacity", "used", "free", "inodes", "files", "directories")
+    __slots__ = ("capacity", "used", "free", "inodes", "files", "directories", "inode_limit", "quota_path")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     INODES_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     DIRECTORIES_FIELD_NUMBER: _ClassVar[int]
+    INODE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_PATH_FIELD_NUMBER: _ClassVar[int]
     capacity: int
     used: int
     free: int
     inodes: int
     files: int
     directories: int
-    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., inodes: _Optional[int] = ..., files: _Optional[int] = ..., directories: _Optional[int] = ...) -> None: ...
+    inode_limit: int
+    quota_path: str
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., inodes: _Optional[int] = ..., files: _Optional[int] = ..., directories: _Optional[int] = ..., inode_limit: _Optional[int] = ..., quota_path: _Optional[str] = ...) -> None: ...
 
 class SetLayoutRequest(_message.Message):
     __slots__ = ("ctx", "path", "layout")
@@ -696,6 +712,94 @@ class TrashPurgeResponse(_message.Message):
     purged: int
     more: bool
     def __init__(self, purged: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class QuotaInfo(_message.Message):
+    __slots__ = ("path", "inode", "max_bytes", "max_inodes", "used_bytes", "used_inodes")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_INODES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_INODES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    inode: int
+    max_bytes: int
+    max_inodes: int
+    used_bytes: int
+    used_inodes: int
+    def __init__(self, path: _Optional[str] = ..., inode: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_inodes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., used_inodes: _Optional[int] = ...) -> None: ...
+
+class QuotaSetRequest(_message.Message):
+    __slots__ = ("ctx", "path", "max_bytes", "max_inodes")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_INODES_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    max_bytes: int
+    max_inodes: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ..., max_bytes: _Optional[int] = ..., max_inodes: _Optional[int] = ...) -> None: ...
+
+class QuotaSetResponse(_message.Message):
+    __slots__ = ("quota", "over")
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    OVER_FIELD_NUMBER: _ClassVar[int]
+    quota: QuotaInfo
+    over: bool
+    def __init__(self, quota: _Optional[_Union[QuotaInfo, _Mapping]] = ..., over: _Optional[bool] = ...) -> None: ...
+
+class QuotaGetRequest(_message.Message):
+    __slots__ = ("ctx", "path")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class QuotaListRequest(_message.Message):
+    __slots__ = ("ctx",)
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ...) -> None: ...
+
+class QuotaListResponse(_message.Message):
+    __slots__ = ("quotas",)
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    quotas: _containers.RepeatedCompositeFieldContainer[QuotaInfo]
+    def __init__(self, quotas: _Optional[_Iterable[_Union[QuotaInfo, _Mapping]]] = ...) -> None: ...
+
+class QuotaRemoveRequest(_message.Message):
+    __slots__ = ("ctx", "path")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    path: str
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class QuotaRemoveResponse(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: QuotaInfo
+    def __init__(self, quota: _Optional[_Union[QuotaInfo, _Mapping]] = ...) -> None: ...
+
+class QuotaReserveRequest(_message.Message):
+    __slots__ = ("ctx", "inode", "session_id", "end")
+    CTX_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    ctx: _common_pb2.RequestContext
+    inode: int
+    session_id: int
+    end: int
+    def __init__(self, ctx: _Optional[_Union[_common_pb2.RequestContext, _Mapping]] = ..., inode: _Optional[int] = ..., session_id: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class QuotaReserveResponse(_message.Message):
+    __slots__ = ("attr",)
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    attr: _common_pb2.InodeAttr
+    def __init__(self, attr: _Optional[_Union[_common_pb2.InodeAttr, _Mapping]] = ...) -> None: ...
 
 class FileLock(_message.Message):
     __slots__ = ("kind", "type", "start", "end", "lease_id", "owner", "pid", "client_id")

@@ -195,6 +195,31 @@ class MetaServiceStub:
                 request_serializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeRequest.SerializeToString,
                 response_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeResponse.FromString,
                 _registered_method=True)
+        self.QuotaSet = channel.unary_unary(
+                '/emberfs.MetaService/QuotaSet',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaSetRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaSetResponse.FromString,
+                _registered_method=True)
+        self.QuotaGet = channel.unary_unary(
+                '/emberfs.MetaService/QuotaGet',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaGetRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaInfo.FromString,
+                _registered_method=True)
+        self.QuotaList = channel.unary_unary(
+                '/emberfs.MetaService/QuotaList',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaListRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaListResponse.FromString,
+                _registered_method=True)
+        self.QuotaRemove = channel.unary_unary(
+                '/emberfs.MetaService/QuotaRemove',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaRemoveRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaRemoveResponse.FromString,
+                _registered_method=True)
+        self.QuotaReserve = channel.unary_unary(
+                '/emberfs.MetaService/QuotaReserve',
+                request_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaReserveRequest.SerializeToString,
+                response_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaReserveResponse.FromString,
+                _registered_method=True)
         self.KvCreate = channel.unary_unary(
                 '/emberfs.MetaService/KvCreate',
                 request_serializer=emberfs_dot_proto_dot_kvcache__pb2.KvCreateRequest.SerializeToString,
@@ -463,6 +488,37 @@ class MetaServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuotaSet(self, request, context):
+        """directory quotas (docs/quotas.md)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QuotaGet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QuotaList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QuotaRemove(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QuotaReserve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def KvCreate(self, request, context):
         """the KV cache block store's index (kvcache.proto)
         """
@@ -711,6 +767,31 @@ def add_MetaServiceServicer_to_server(servicer, server):
                     servicer.TrashPurge,
                     request_deserializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeRequest.FromString,
                     response_serializer=emberfs_dot_proto_dot_meta__pb2.TrashPurgeResponse.SerializeToString,
+            ),
+            'QuotaSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuotaSet,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaSetRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaSetResponse.SerializeToString,
+            ),
+            'QuotaGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuotaGet,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaGetRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaInfo.SerializeToString,
+            ),
+            'QuotaList': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuotaList,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaListRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaListResponse.SerializeToString,
+            ),
+            'QuotaRemove': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuotaRemove,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaRemoveRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaRemoveResponse.SerializeToString,
+            ),
+            'QuotaReserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuotaReserve,
+                    request_deserializer=emberfs_dot_proto_dot_meta__pb2.QuotaReserveRequest.FromString,
+                    response_serializer=emberfs_dot_proto_dot_meta__pb2.QuotaReserveResponse.SerializeToString,
             ),
             'KvCreate': grpc.unary_unary_rpc_method_handler(
                     servicer.KvCreate,
@@ -1647,6 +1728,141 @@ class MetaService:
             '/emberfs.MetaService/TrashPurge',
             emberfs_dot_proto_dot_meta__pb2.TrashPurgeRequest.SerializeToString,
             emberfs_dot_proto_dot_meta__pb2.TrashPurgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuotaSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/QuotaSet',
+            emberfs_dot_proto_dot_meta__pb2.QuotaSetRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.QuotaSetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuotaGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/QuotaGet',
+            emberfs_dot_proto_dot_meta__pb2.QuotaGetRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.QuotaInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuotaList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/QuotaList',
+            emberfs_dot_proto_dot_meta__pb2.QuotaListRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.QuotaListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuotaRemove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/QuotaRemove',
+            emberfs_dot_proto_dot_meta__pb2.QuotaRemoveRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.QuotaRemoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuotaReserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/emberfs.MetaService/QuotaReserve',
+            emberfs_dot_proto_dot_meta__pb2.QuotaReserveRequest.SerializeToString,
+            emberfs_dot_proto_dot_meta__pb2.QuotaReserveResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,6 +13,8 @@
   ``POST /api/v1/fsck/repair``:
   steer it, with
   ``Authorization: Bearer <admin token>``;
+* ``GET /api/v1/quotas[/{directory}]``: directory quotas and their usage (no token needed);
+  ``PUT`` and ``DELETE /api/v1/quotas/{directory}`` set and remove one, with the admin token;
 * ``POST /api/v1/tokens``, ``GET /api/v1/tokens``, ``DELETE /api/v1/tokens/{id or name}``:
   create, list and revoke client tokens (identities for the permission checks), with the
   admin token, listing too;
@@ -55,6 +57,7 @@ from emberfs.metaserver.api.routers import layouts as _layouts
 from emberfs.metaserver.api.routers import leader as _leader
 from emberfs.metaserver.api.routers import metrics as _metrics
 from emberfs.metaserver.api.routers import nodes as _nodes
+from emberfs.metaserver.api.routers import quotas as _quotas
 from emberfs.metaserver.api.routers import scrub as _scrub
 from emberfs.metaserver.api.routers import sessions as _sessions
 from emberfs.metaserver.api.routers import targets as _targets
@@ -78,6 +81,7 @@ ROUTERS = (
     _scrub,
     _fsck,
     _layouts,
+    _quotas,
     _tokens,
     _metrics,
 )

@@ -294,6 +294,48 @@ class TokenListPublic(BaseModel):
     tokens: list[TokenPublic]
 
 
+U63 = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class QuotaIn(BaseModel):
+    """The limits to set on a directory's quota; a limit left out is kept, 0 is no limit."""
+
+    max_bytes: U63 | None = Field(None, description="bytes below the directory (0: no limit)")
+    max_inodes: U63 | None = Field(
+        None, description="files, directories and symlinks below it (0: no limit)"
+    )
+
+
+class QuotaPublic(BaseModel):
+    """A directory quota: its limits (0: none) and what is counted below it now.
+
+    Bytes are the lengths of the files plus the room their open writers reserved;
+    entries in the trash count until they are purged.
+    """
+
+    path: str
+    inode: int
+    max_bytes: int
+    max_inodes: int
+    used_bytes: int
+    used_inodes: int
+
+
+class QuotaSetPublic(QuotaPublic):
+    """A quota just set or changed."""
+
+    over: bool = Field(
+        description="usage is above a limit: applied all the same, every growth is refused "
+        "(EDQUOT) until usage drops below it"
+    )
+
+
+class QuotaListPublic(BaseModel):
+    """Every quota, by path."""
+
+    quotas: list[QuotaPublic]
+
+
 ERROR_RESPONSES: dict[int | str, dict] = {
     code: {"model": ErrorPublic, "description": text}
     for code, text in (

@@ -24,6 +24,7 @@ KINDS = {
     "replicas_disagree": "serving replicas hold one chunk at different versions, lengths or bytes",
     "chunk_past_end": "a replica holds bytes past the file's length",
     "orphan_chunk": "chunks of an inode no file owns and no GC item covers",
+    "quota_usage": "a quota's recorded usage is not what the inodes below it hold",
 }
 
 

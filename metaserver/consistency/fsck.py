@@ -17,6 +17,9 @@ it in two passes:
    bytes past the file's length; and chunks of inodes that no file owns and
    no GC item covers are orphans.
 
+Between the two, each quota's recorded usage is checked against a count of the
+inodes below it (:mod:`.quotacheck`).
+
 It keeps in memory three compact arrays of the inode ids, link counts and
 types (about 13 bytes an inode), the directories' names (to print paths), and
 the chunks of one inode at a time; the findings are few. Files that change
@@ -30,7 +33,8 @@ With ``repair`` it fixes what it can: a replica that lacks, lost or holds
 other bytes is marked damaged where its file is bad and its target is resynced
 from its chain (as read repair does); orphan chunks are queued for garbage
 collection; bytes past a file's length are cut (a pending cut); link counts
-and entry types are rewritten; entries naming no inode are removed. It cannot
+and entry types are rewritten; entries naming no inode are removed; a
+quota's usage is rewritten to what was counted. It cannot
 bring back a chunk that no replica holds, nor name an inode that no entry
 names: those it reports as not repaired.
 """
@@ -48,6 +52,7 @@ from emberfs.metaserver.clustermgr.manager import ClusterManager
 from emberfs.metaserver.consistency.chunks import ChunkCheck
 from emberfs.metaserver.consistency.findings import Finding, FsckError, dentry_parent
 from emberfs.metaserver.consistency.namespacecheck import NamespaceCheck
+from emberfs.metaserver.consistency.quotacheck import QuotaCheck
 from emberfs.metaserver.consistency.repairs import Repairs
 from emberfs.metaserver.fs import cuts, records
 from emberfs.metaserver.store import keys
@@ -103,6 +108,7 @@ class Fsck:
         started = time.monotonic()
         namespace = NamespaceCheck(self.engine)
         chunks = ChunkCheck(self.engine, self.cluster, deep=deep, mark=repair)
+        quotas = QuotaCheck(self.engine)
         repairs = Repairs(
             self.engine,
             self.cluster,
@@ -110,6 +116,7 @@ class Fsck:
             pending_cuts=self.pending_cuts,
             links=namespace.links,
             chunks=chunks,
+            quotas=quotas,
         )
         counts: Counter = Counter()
         repaired = unrepaired = 0
@@ -117,7 +124,9 @@ class Fsck:
         pending: list[Finding] = []
         try:
             inodes = namespace.load_inodes()
-            found = itertools.chain(namespace.check(inodes, dirs), chunks.check_chunks(inodes))
+            found = itertools.chain(
+                namespace.check(inodes, dirs), quotas.check(), chunks.check_chunks(inodes)
+            )
             for finding in found:
                 counts[finding.kind] += 1
                 if repair:

@@ -17,6 +17,7 @@ from emberfs.common import errors
 from emberfs.metaserver.clustermgr.manager import ClusterManager
 from emberfs.metaserver.consistency.chunks import ChunkCheck
 from emberfs.metaserver.consistency.findings import Finding
+from emberfs.metaserver.consistency.quotacheck import QuotaCheck
 from emberfs.metaserver.fs import cuts, records
 from emberfs.metaserver.store import keys
 from emberfs.metaserver.store.kv import KVEngine, Transaction, run_transaction
@@ -44,6 +45,7 @@ class Repairs:
         pending_cuts: cuts.PendingCuts | None,
         links: dict[int, tuple[int, int]],
         chunks: ChunkCheck,
+        quotas: QuotaCheck,
     ) -> None:
         self.engine = engine
         self.cluster = cluster
@@ -51,6 +53,7 @@ class Repairs:
         self.pending_cuts = pending_cuts
         self.links = links
         self.chunks = chunks
+        self.quotas = quotas
         self.resync: set[int] = set()
 
     def repair(self, f: Finding) -> str:
@@ -73,6 +76,8 @@ class Repairs:
                 return self._drop_entry(f)
             if f.kind == "wrong_entry_type":
                 return self._fix_entry_type(f)
+            if f.kind == "quota_usage":
+                return self.quotas.repair(f)
             if f.kind == "lost_chunk":
                 return "not repaired: no replica holds the data"
             return "not repaired: no entry to attach it to"

@@ -44,6 +44,7 @@ from emberfs.metaserver.fs.ops import (
     links,
     listing,
     mkdir,
+    quotas,
     remove,
     rename,
     sessions,
@@ -262,6 +263,28 @@ class Namespace:
             if not done:
                 return purged
 
+    # directory quotas --------------------------------------------------------
+
+    def quota_set(self, req: meta_pb2.QuotaSetRequest) -> meta_pb2.QuotaSetResponse:
+        """Set or change a directory's quota (root only)."""
+        return self.runner.run(quotas.set_quota, req, "QuotaSet")
+
+    def quota_get(self, req: meta_pb2.QuotaGetRequest) -> meta_pb2.QuotaInfo:
+        """A directory's quota and usage."""
+        return self.runner.run(quotas.get_quota, req, None)
+
+    def quota_list(self, req: meta_pb2.QuotaListRequest) -> meta_pb2.QuotaListResponse:
+        """Every quota and its usage."""
+        return self.runner.run(quotas.list_quotas, req, None)
+
+    def quota_remove(self, req: meta_pb2.QuotaRemoveRequest) -> meta_pb2.QuotaRemoveResponse:
+        """Remove a directory's quota (root only)."""
+        return self.runner.run(quotas.remove_quota, req, "QuotaRemove")
+
+    def quota_reserve(self, req: meta_pb2.QuotaReserveRequest) -> meta_pb2.QuotaReserveResponse:
+        """Reserve room in a file's quotas for its writer."""
+        return self.runner.run(quotas.reserve, req, "QuotaReserve")
+
     # read-only calls --------------------------------------------------------
 
     def stat(self, req: meta_pb2.StatRequest) -> meta_pb2.StatResponse:
@@ -291,7 +314,12 @@ class Namespace:
     def statfs(self, req: meta_pb2.StatFsRequest) -> meta_pb2.StatFsResponse:
         """Storage capacity and usage, and inode counts."""
         Credentials.from_request(req.ctx)
-        return statfs.statfs(self._usage(), self.counts())
+        out = statfs.statfs(self._usage(), self.counts())
+        if req.path:
+            found = self.runner.run(lambda op, r: quotas.statfs_quota(op, r.path), req, None)
+            if found is not None:
+                statfs.limited(out, *found)
+        return out
 
     # mutating calls ---------------------------------------------------------
 
@@ -337,7 +365,11 @@ class Namespace:
         if not sessions.is_write_open(req.flags):
             raise InvalidArgument("BatchWriteOpen needs OPEN_WRITE (read-only opens: BatchOpen)")
         out = meta_pb2.BatchWriteOpenResponse()
+        if req.reserve and len(req.reserve) != len(req.paths):
+            raise InvalidArgument("BatchWriteOpen: reserve needs one length per path")
         items = [meta_pb2.OpenRequest(path=p, flags=req.flags, mode=req.mode) for p in req.paths]
+        for item, length in zip(items, req.reserve, strict=False):
+            item.reserve = length
         self.runner.run_each(
             sessions.open_file,
             "Open",
@@ -455,7 +487,9 @@ class Namespace:
             raise InvalidArgument("BatchRemove takes no inodes or one per path")
         inodes = req.inodes or [0] * len(req.paths)
         items = [
-            meta_pb2.RemoveRequest(path=p, recursive=req.recursive, inode=i)
+            meta_pb2.RemoveRequest(
+                path=p, recursive=req.recursive, inode=i, skip_trash=req.skip_trash
+            )
             for p, i in zip(req.paths, inodes, strict=True)
         ]
         self.runner.run_each(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from emberfs.common.errors import Internal, InvalidArgument
 from emberfs.metaserver.clustermgr import gcqueue
-from emberfs.metaserver.fs import cuts, inodecounts, records
+from emberfs.metaserver.fs import cuts, inodecounts, quota, records
 from emberfs.metaserver.fs.leases import Leases
 from emberfs.metaserver.store import keys
 from emberfs.metaserver.store.kv import KVEngine, Transaction, run_transaction
@@ -160,6 +160,7 @@ class OpContext:
         self.txn.delete(keys.inode_key(attr.inode))
         self.txn.delete(keys.xattr_key(attr.inode))  # a blind delete: no read, no conflict
         self._counted(attr.type, -1)
+        quota.deleted(self, attr)
         if attr.type == common_pb2.DIRECTORY:
             self.txn.delete(keys.dir_guard_key(attr.inode))
         elif attr.type == common_pb2.FILE:

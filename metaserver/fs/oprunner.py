@@ -320,4 +320,7 @@ _RESPONSES: dict[str, type[Message]] = {
     "SetLayout": meta_pb2.SetLayoutResponse,
     "TrashRestore": meta_pb2.TrashRestoreResponse,
     "TrashPurge": meta_pb2.TrashPurgeResponse,
+    "QuotaSet": meta_pb2.QuotaSetResponse,
+    "QuotaRemove": meta_pb2.QuotaRemoveResponse,
+    "QuotaReserve": meta_pb2.QuotaReserveResponse,
 }

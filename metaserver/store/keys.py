@@ -39,6 +39,9 @@ LEADER = b"LEAD"  # LEAD                               -> LeaderInfo (JSON)
 TRASH = b"TRSH"  # TRSH + inode id (u64 BE)            -> b"" (the detached directory)
 # removed entries kept in the users' trash (emberfs.metaserver.fs.ops.trash)
 RECYCLED = b"RBIN"  # RBIN + inode id (u64 BE)         -> trash entry record (JSON)
+# directory quotas (emberfs.metaserver.fs.quota); a quota's id is its directory's inode id
+QUOTA = b"QUOT"  # QUOT + directory id (u64 BE)       -> quota record (limits, realm above, path)
+QUOTA_USAGE = b"QUSE"  # QUSE + directory id (u64 BE) + shard (u8) -> bytes, inodes (two i64 LE)
 # KV caches (emberfs.metaserver.kvcache.index); a cache id is its directory's inode id (u64 BE)
 KV_CACHE = b"KVCC"  # KVCC + cache id                  -> KvCacheRecord (kvcache.proto)
 KV_ENTRY = b"KVCE"  # KVCE + cache id + key            -> index entry (kvcache.entries.Entry)
@@ -71,6 +74,8 @@ ALL_PREFIXES = (
     LEADER,
     TRASH,
     RECYCLED,
+    QUOTA,
+    QUOTA_USAGE,
     KV_CACHE,
     KV_ENTRY,
     KV_RECENT,
@@ -251,6 +256,23 @@ def recycled_key(inode: int) -> bytes:
 def recycled_inode(key: bytes) -> int:
     """The inode id of a trash entry's key."""
     return _U64_BE.unpack(key[len(RECYCLED) :])[0]
+
+
+def quota_key(directory: int) -> bytes:
+    return QUOTA + _U64_BE.pack(directory)
+
+
+def quota_directory(key: bytes) -> int:
+    """The directory id of a quota record's key."""
+    return _U64_BE.unpack(key[len(QUOTA) :])[0]
+
+
+def quota_usage_prefix(directory: int) -> bytes:
+    return QUOTA_USAGE + _U64_BE.pack(directory)
+
+
+def quota_usage_key(directory: int, shard: int) -> bytes:
+    return quota_usage_prefix(directory) + bytes([shard])
 
 
 def lock_key(inode: int) -> bytes:

@@ -10,10 +10,11 @@ and annotations, and that every EmberFS metric they name is one the servers defi
 With Docker, on one cluster started by ``deploy/cluster.sh up --monitoring``: Prometheus
 scrapes every server, ``promtool`` (from the Prometheus container) passes the rules and the
 configuration, and after some traffic (writes and reads from the host and through the client
-container's mount, a KV cache put and gets, a scrub pass) every query of the dashboard returns
-data, and so does every alert expression evaluated with ``bool`` comparisons: ``X > 0``
-becomes ``X > bool 0``, which returns every series the alert watches (0 where it would not
-fire) instead of none, so an alert that is quiet in a healthy cluster is checked as well.
+container's mount, a KV cache put and gets, a directory quota, a scrub pass) every query of the
+dashboard returns data, and so does every alert expression evaluated with ``bool`` comparisons:
+``X > 0`` becomes ``X > bool 0``, which returns every series the alert watches (0 where it
+would not fire) instead of none, so an alert that is quiet in a healthy cluster is checked as
+well.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def test_dashboard_structure():
 
 def test_dashboard_covers_the_topics():
     titles = {p["title"] for p in dashboard()["panels"] if p["type"] == "row"}
-    assert titles == {"Cluster", "Throughput", "Scrub", "KV cache", "Metaserver"}
+    assert titles == {"Cluster", "Throughput", "Scrub", "KV cache", "Metaserver", "Quotas"}
     queries = " ".join(expr for _, expr in dashboard_queries())
     for metric in (
         "emberfs_targets",
@@ -189,6 +190,10 @@ def test_dashboard_covers_the_topics():
         "emberfs_kvcache_misses_total",
         "emberfs_meta_requests_total",
         "emberfs_meta_request_duration_seconds_bucket",
+        "emberfs_quota_used_bytes",
+        "emberfs_quota_limit_bytes",
+        "emberfs_quota_used_inodes",
+        "emberfs_quota_limit_inodes",
     ):
         assert metric in queries, metric
 
@@ -335,11 +340,16 @@ def test_promtool_passes_and_prometheus_loads_every_rule(monitored: MonitoredClu
 
 
 def _traffic(c: MonitoredCluster, token: str) -> None:
-    """Writes and reads from the host and through the client container, a KV cache, a scrub."""
+    """Writes and reads from the host and through the client container, a KV cache, a directory
+    quota with both limits and usage below it, a scrub."""
     data = os.urandom(9 * MiB + 17)
     fs = c.fs()
     try:
         fs.pipe_file("/monitoring/host.bin", data)
+        fs.makedirs("/monitoring/quota")
+        fs.quota_set("/monitoring/quota", max_bytes=64 * MiB, max_inodes=1000)
+        fs.pipe_file("/monitoring/quota/q.bin", os.urandom(MiB))
+        assert fs.quota_get("/monitoring/quota")["used_bytes"] == MiB
         assert fs.cat_file("/monitoring/host.bin") == data
         cache = KVCache.create("/monitoring/kv", block_size=64 * 1024, capacity=8 * MiB, fs=fs)
         block = os.urandom(64 * 1024)

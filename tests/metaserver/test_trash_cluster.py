@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import time
@@ -240,3 +241,20 @@ def test_with_a_trash_the_inode_stays_until_purged(tfs, base):
     tfs.trash_purge([inode])
     with pytest.raises(FileNotFoundError):
         tfs.client.meta.stat_inode(inode)
+
+
+def test_a_removed_file_counts_in_its_quota_until_purged(tfs, base):
+    tfs.quota_set(base, max_bytes=3 * MiB)
+    tfs.pipe(f"{base}/a", b"a" * (2 * MiB))
+    tfs.rm(f"{base}/a")
+    assert tfs.quota_get(base)["used_bytes"] == 2 * MiB  # the trash keeps it, and its space
+    with pytest.raises(OSError) as exc:
+        tfs.pipe(f"{base}/b", b"b" * (2 * MiB))
+    assert exc.value.errno == errno.EDQUOT
+    [entry] = [e for e in tfs.trash_list() if e["path"] == f"{base}/a"]
+    tfs.trash_purge([entry["entry"]])
+    q = tfs.quota_get(base)
+    assert (q["used_bytes"], q["used_inodes"]) == (0, 1)  # b, made empty by the refused write
+    assert tfs.info(f"{base}/b")["size"] == 0
+    tfs.pipe(f"{base}/b", b"b" * (2 * MiB))
+    assert tfs.quota_get(base)["used_bytes"] == 2 * MiB

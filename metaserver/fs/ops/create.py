@@ -12,7 +12,7 @@ from __future__ import annotations
 import stat
 
 from emberfs.common.errors import AlreadyExists, IsADirectory
-from emberfs.metaserver.fs import access, dataversion, dirlayout, lookup
+from emberfs.metaserver.fs import access, dataversion, dirlayout, lookup, quota
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.proto import common_pb2, meta_pb2
 
@@ -40,6 +40,7 @@ def insert(
     if mode == 0:
         mode = DEFAULT_DIR_MODE if file_type == common_pb2.DIRECTORY else DEFAULT_FILE_MODE
     attr = op.new_inode(file_type, mode)
+    quota.inserted(op, parent, attr)
     if parent.mode & stat.S_ISGID:
         attr.gid = parent.gid
         if file_type == common_pb2.DIRECTORY:

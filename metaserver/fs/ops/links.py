@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from emberfs.common.errors import AlreadyExists, InvalidArgument, NotPermitted
-from emberfs.metaserver.fs import access, lookup
+from emberfs.metaserver.fs import access, lookup, quota
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.fs.ops import create
 from emberfs.proto import common_pb2, meta_pb2
@@ -47,6 +47,7 @@ def hardlink(op: OpContext, req: meta_pb2.HardlinkRequest) -> meta_pb2.HardlinkR
     if found.attr is not None:
         raise AlreadyExists(f"file exists: {req.dst}")
     access.check(found.parent, op.creds, access.WRITE | access.SEARCH, req.dst)
+    quota.same_realm(attr.quota_realm, quota.realm_below(found.parent), req.dst)
     attr.nlink += 1
     attr.ctime_ns = op.now
     op.put_dentry(found.parent.inode, found.name, attr)

@@ -64,8 +64,9 @@ def remove(op: OpContext, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveRespons
     ``directory`` refuses anything but a directory (NotADirectory). The root
     cannot be removed (Busy). A non-zero ``inode`` removes the entry only
     while it names that inode (NotFound otherwise): a writer taking back a
-    file it created never removes one that replaced it. Returns the number
-    of entries removed.
+    file it created never removes one that replaced it. With a trash, what
+    the removal takes is kept there unless ``skip_trash`` (or ``inode``) asks
+    to delete it as without a trash. Returns the number of entries removed.
     """
     found = lookup.resolve_parent(op, req.path)
     attr = found.require(req.path)
@@ -74,7 +75,7 @@ def remove(op: OpContext, req: meta_pb2.RemoveRequest) -> meta_pb2.RemoveRespons
     parent = found.parent
     access.check(parent, op.creds, access.WRITE | access.SEARCH, req.path)
     access.check_sticky(parent, attr, op.creds)
-    keep = trash.enabled(op) and not req.inode
+    keep = trash.enabled(op) and not req.inode and not req.skip_trash
     if attr.type == common_pb2.DIRECTORY:
         if req.recursive:
             if keep:

@@ -9,7 +9,7 @@ from emberfs.common.errors import (
     NotADirectory,
     NotEmpty,
 )
-from emberfs.metaserver.fs import access, lookup
+from emberfs.metaserver.fs import access, lookup, quota
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.fs.ops import remove, trash
 from emberfs.proto import common_pb2, meta_pb2
@@ -25,7 +25,8 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
     directory replaces an empty directory (NotEmpty otherwise); a directory
     over a file gives NotADirectory, a file over a directory IsADirectory,
     and ``no_replace`` gives AlreadyExists. With a trash, a replaced file or
-    symlink (its last link) is kept there (:mod:`.trash`). A directory cannot move into its
+    symlink (its last link) is kept there (:mod:`.trash`) unless ``skip_trash``
+    asks to delete it as without a trash. A directory cannot move into its
     own subtree (InvalidArgument); the root cannot move at all (Busy).
 
     With ``exchange`` both names must exist and they swap (renameat2's
@@ -61,10 +62,14 @@ def rename(op: OpContext, req: meta_pb2.RenameRequest) -> meta_pb2.RenameRespons
             raise IsADirectory(f"is a directory: {req.dst}")
         if target_is_dir and not op.is_empty_dir(target.inode):
             raise NotEmpty(f"directory not empty: {req.dst}")
-        if trash.enabled(op) and not target_is_dir and target.nlink <= 1:
+        keep = trash.enabled(op) and not req.skip_trash
+        if keep and not target_is_dir and target.nlink <= 1:
             trash.keep(op, target, req.dst)  # the replaced file waits in the trash
         else:
             remove.drop_link(op, target)
+    quota.moved(op, attr, quota.realm_below(dst_parent), req.src)
+    if is_dir:
+        quota.renamed(op, req.src, req.dst)
     op.delete_dentry(src_parent.inode, src.name)
     op.put_dentry(dst_parent.inode, dst.name, attr)
     attr.ctime_ns = op.now
@@ -82,6 +87,9 @@ def exchange(op: OpContext, src, dst, attr, req: meta_pb2.RenameRequest) -> meta
     access.check_sticky(dst.parent, target, op.creds)
     if target.type == common_pb2.DIRECTORY and any(a.inode == target.inode for a in src.parents):
         raise InvalidArgument(f"cannot move {req.dst} into its own subtree {req.src}")
+    quota.same_realm(quota.realm_below(src.parent), quota.realm_below(dst.parent), req.dst)
+    if common_pb2.DIRECTORY in (attr.type, target.type):
+        quota.renamed(op, req.src, req.dst, swapped=True)
     op.put_dentry(src.parent.inode, src.name, target)
     op.put_dentry(dst.parent.inode, dst.name, attr)
     for moved in (attr, target):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from emberfs.common import extents
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound, PermissionDenied
-from emberfs.metaserver.fs import access, dataversion, lookup, records
+from emberfs.metaserver.fs import access, dataversion, lookup, quota, records
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.fs.ops import create, remove, stat
 from emberfs.metaserver.store import keys
@@ -100,8 +100,10 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
         op.cut_chunks(attr, 0)
         extents.resize(attr, 0, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
+        quota.settled(op, attr, others=attr.writers > 0)
     elif not created:
         op.before_growth(attr.inode)  # its writes must not land before a pending cut
+    quota.opened(op, attr, req.reserve if req.HasField("reserve") else None)
     session_id = op.add_session(attr.inode)
     dataversion.writer_opened(attr, op.now)  # readers' caches step aside until it ends
     op.put_inode(attr)
@@ -128,7 +130,7 @@ def batch_open(op: OpContext, req: meta_pb2.BatchOpenRequest) -> meta_pb2.BatchO
     return out
 
 
-def _session_file(op: OpContext, inode: int, session_id: int) -> common_pb2.InodeAttr:
+def session_file(op: OpContext, inode: int, session_id: int) -> common_pb2.InodeAttr:
     attr = op.get_inode(inode)
     if attr is None:
         raise NotFound(f"no inode {inode}")
@@ -166,9 +168,10 @@ def authorize(op: OpContext, req: meta_pb2.AuthorizeRequest) -> common_pb2.Inode
 def sync(op: OpContext, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
     """Set the exact length and mtime (0: now) of a file open for write."""
     validate_length(req.length)
-    attr = _session_file(op, req.inode, req.session_id)
+    attr = session_file(op, req.inode, req.session_id)
     if req.length > attr.size:
         op.before_growth(attr.inode)
+    quota.recharge(op, attr, max(req.length, attr.quota_charged), check=True)
     extents.resize(attr, req.length, hole=False)
     attr.mtime_ns = req.mtime_ns or op.now
     attr.ctime_ns = op.now
@@ -180,14 +183,16 @@ def sync(op: OpContext, req: meta_pb2.SyncRequest) -> meta_pb2.SyncResponse:
 def close(op: OpContext, req: meta_pb2.CloseRequest) -> meta_pb2.CloseResponse:
     """End a write session; with ``wrote`` set the exact length and mtime first."""
     validate_length(req.length)
-    attr = _session_file(op, req.inode, req.session_id)
+    attr = session_file(op, req.inode, req.session_id)
     others = [s for s in op.sessions_of(req.inode) if s.session_id != req.session_id]
     op.end_session(req.inode, req.session_id)
     if req.wrote:
         if req.length > attr.size:
             op.before_growth(attr.inode)
+        quota.recharge(op, attr, max(req.length, attr.quota_charged), check=True)
         extents.resize(attr, req.length, hole=False)
         attr.mtime_ns = attr.ctime_ns = op.now
+    quota.settled(op, attr, others=bool(others))
     # even a session that reports no write may have sent chunks (a writer that died)
     dataversion.writer_closed(attr, op.now)
     if attr.nlink == 0 and not others:

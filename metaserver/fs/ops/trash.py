@@ -13,7 +13,10 @@ restores or purges an entry.
 Removing one link of a file that has others only drops that link (nothing
 is lost, so nothing is kept). A rename that replaces a file or symlink keeps
 the replaced one (a replaced directory is empty and goes). A remove by inode
-(a writer taking back a file it created) deletes as without a trash.
+(a writer taking back a file it created) deletes as without a trash, and so
+does a remove or rename that asks for it (``skip_trash``: anyone may, for the
+removals their permissions allow; the client's own replaced checkpoints and
+temporary files do).
 
 :func:`purge` deletes entries for real: a file's chunks are queued for
 garbage collection as by any remove (unless a write session still holds it);
@@ -33,7 +36,7 @@ from emberfs.common.errors import (
     NotFound,
     PermissionDenied,
 )
-from emberfs.metaserver.fs import access, lookup
+from emberfs.metaserver.fs import access, lookup, quota
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.store import keys
 from emberfs.proto import common_pb2, meta_pb2
@@ -135,6 +138,9 @@ def restore(op: OpContext, req: meta_pb2.TrashRestoreRequest) -> meta_pb2.TrashR
             raise AlreadyExists(f"cannot restore entry {entry.entry}: {where} exists")
         access.check(found.parent, op.creds, access.WRITE | access.SEARCH, where)
         attr = op.load_inode(entry.entry)
+        quota.moved(op, attr, quota.realm_below(found.parent), where)
+        if attr.type == common_pb2.DIRECTORY:
+            quota.renamed(op, entry.path, where)
         attr.ctime_ns = op.now
         op.put_inode(attr)
         op.put_dentry(found.parent.inode, found.name, attr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from emberfs.common import extents
 from emberfs.common.errors import InvalidArgument, IsADirectory, NotFound
-from emberfs.metaserver.fs import access, dataversion, lookup
+from emberfs.metaserver.fs import access, dataversion, lookup, quota
 from emberfs.metaserver.fs.opcontext import OpContext
 from emberfs.metaserver.fs.ops import sessions
 from emberfs.proto import common_pb2, meta_pb2
@@ -37,6 +37,8 @@ def truncate(op: OpContext, req: meta_pb2.TruncateRequest) -> meta_pb2.TruncateR
         op.cut_chunks(attr, req.length)
     elif req.length > attr.size:
         op.before_growth(attr.inode)
+    held = attr.quota_charged if attr.writers else 0  # what open writers reserved stays theirs
+    quota.recharge(op, attr, max(req.length, held), check=req.length > attr.size)
     extents.resize(attr, req.length, hole=True)  # growing leaves a hole that reads as zeros
     attr.mtime_ns = attr.ctime_ns = op.now
     dataversion.changed(attr, op.now)

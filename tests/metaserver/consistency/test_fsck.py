@@ -171,6 +171,8 @@ def test_a_busy_cluster_checks_clean(private_cluster):
 
     c = quiet_cluster(private_cluster)
     fs = EmberFileSystem(c.meta_address, skip_instance_cache=True)
+    fs.mkdir("/busy")
+    fs.quota_set("/busy", max_bytes=1 << 40)  # usage that changes while fsck counts it
     stop = threading.Event()
     errors_seen: list[BaseException] = []
 
@@ -205,3 +207,46 @@ def test_a_busy_cluster_checks_clean(private_cluster):
     assert not errors_seen, errors_seen
     rc, report = fsck(c, "--deep")
     assert rc == 0 and report["summary"]["files"] >= 1, report
+
+
+def test_a_quota_usage_damaged_is_found_and_recounted(private_cluster):
+    from emberfs.metaserver.fs import quota
+
+    c = quiet_cluster(private_cluster)
+    fs = EmberFileSystem(c.meta_address, skip_instance_cache=True)
+    try:
+        fs.mkdir("/q/n")
+        fs.quota_set("/q", max_bytes=1 << 30)
+        fs.quota_set("/q/n")
+        fs.pipe_file("/q/n/a", os.urandom(300_000))
+        fs.pipe_file("/q/b", os.urandom(1000))
+        rc, report = fsck(c)
+        assert rc == 0 and report["summary"]["clean"], report
+        outer, inner = fs.quota_get("/q")["inode"], fs.quota_get("/q/n")["inode"]
+    finally:
+        fs.close()
+
+    c.meta.stop()  # usage records made wrong behind the metaserver's back
+    engine = RocksEngine(c.data_dir / "meta" / "meta")
+    try:
+        wrong = quota.USAGE_FORMAT.pack(5, 7)
+        engine.write({keys.quota_usage_key(inner, 3): wrong})
+        stale = [k for k, _ in engine.scan_prefix(keys.quota_usage_prefix(outer))]
+        engine.write({}, set(stale))
+    finally:
+        engine.close()
+    c.start_meta()
+    c.wait_serving(60)
+
+    rc, report = fsck(c)
+    assert rc == 1 and kinds(report) == [("quota_usage", "/q", None), ("quota_usage", "/q/n", None)]
+    rc, report = fsck(c, "--repair", token=TOKEN)
+    assert rc == 0 and {f["repair"] for f in report["findings"]} == {"done"}, report
+    rc, report = fsck(c)
+    assert rc == 0, report
+    fs = EmberFileSystem(c.meta_address, skip_instance_cache=True)
+    try:
+        assert fs.quota_get("/q")["used_bytes"] == 301_000
+        assert fs.quota_get("/q/n")["used_inodes"] == 1
+    finally:
+        fs.close()

@@ -263,3 +263,33 @@ def test_many_entries_are_purged_in_slices(ns, clock):
     clock.now += 2 * 86400 * 10**9
     assert ns.expire_trash() == 20
     assert listed(ns) == [] and len(gc_inodes(ns)) == 40
+
+
+def test_skip_trash_deletes_as_without_a_trash(ns):
+    f, g, h, k = (create(ns, p) for p in ("/f", "/g", "/h", "/k"))
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ALICE, path="/d"))
+    req = meta_pb2.BatchCreateRequest(
+        ctx=ALICE, items=[meta_pb2.CreateRequest(path=f"/d/f{i}") for i in range(200)]
+    )
+    assert all(r.errno == 0 for r in ns.batch_create(req).results)
+    assert remove(ns, "/f", skip_trash=True) == 1
+    assert remove(ns, "/d", recursive=True, skip_trash=True) == 201
+    ns.purge_detached()  # a tree larger than a transaction (etcd) goes in slices
+    batch = meta_pb2.BatchRemoveRequest(ctx=ALICE, paths=["/g"], skip_trash=True)
+    assert [r.removed for r in ns.batch_remove(batch).results] == [1]
+    ns.rename(meta_pb2.RenameRequest(ctx=ALICE, src="/h", dst="/k", skip_trash=True))
+    assert listed(ns) == [] and not exists(ns, "/d")
+    assert {f.inode, g.inode, k.inode} <= gc_inodes(ns) and len(gc_inodes(ns)) == 203
+    assert ns.stat(meta_pb2.StatRequest(path="/k")).attr.inode == h.inode
+    assert ns.counts()["inodes"] == 2  # the root and /k
+
+
+def test_skip_trash_keeps_permissions_and_retries_are_answered_once(ns):
+    ns.mkdir(meta_pb2.MkdirRequest(ctx=ALICE, path="/mine"))
+    create(ns, "/mine/f")
+    with pytest.raises(errors.PermissionDenied):
+        remove(ns, "/mine/f", ctx=BOB, skip_trash=True)
+    again = common_pb2.RequestContext(uid=1000, gid=1000, client_id="c", request_id=7)
+    assert remove(ns, "/mine/f", ctx=again, skip_trash=True) == 1
+    assert remove(ns, "/mine/f", ctx=again, skip_trash=True) == 1  # the retry: same answer
+    assert listed(ns) == [] and len(gc_inodes(ns)) == 1
