@@ -34,7 +34,15 @@ from typing import Any
 from emberfs.common import layout as layouts
 from emberfs.common.errors import InvalidArgument
 from emberfs.metaserver.clustermgr.grace import Grace
-from emberfs.metaserver.fs import cuts, dirlayout, idempotency, inodecounts, lookup, records
+from emberfs.metaserver.fs import (
+    cuts,
+    dirlayout,
+    idempotency,
+    inodecounts,
+    lookup,
+    quota,
+    records,
+)
 from emberfs.metaserver.fs.leases import Leases
 from emberfs.metaserver.fs.locking import DEFAULT_LEASE_TIMEOUT, Locking
 from emberfs.metaserver.fs.opcontext import Credentials, IdAllocator, NamespaceEnv, OpContext
@@ -161,6 +169,7 @@ class Namespace:
             shared_counts=engine.shared,
             paths=lookup.PathCache() if engine.shared else None,
             trash_days=trash_days,
+            quota_cache=None if engine.shared else quota.UsageCache(),
         )
         self._cuts = None if truncate_chunks is None else cuts.PendingCuts(engine, truncate_chunks)
         # the index of the KV caches whose directories this namespace holds

@@ -102,6 +102,7 @@ class NamespaceEnv:
     shared_counts: bool = False  # inode counts kept in the store (inodecounts), not in memory
     paths: object = None  # lookup.PathCache where reads are round trips, else None
     trash_days: float = 0.0  # days removed entries stay in the trash (0: removal deletes)
+    quota_cache: object = None  # quota.UsageCache where this metaserver owns the store, else None
 
 
 @dataclass
@@ -118,6 +119,8 @@ class OpContext:
     cuts: list[int] = field(default_factory=list)  # inodes whose chunk cut was recorded
     detached: list[int] = field(default_factory=list)  # directories detached for slicing
     shard: int = field(default_factory=inodecounts.pick_shard)  # of the stored inode counts
+    quota_seen: dict[int, tuple[int, int]] = field(default_factory=dict)  # quota.seen_usage
+    quota_added: dict[int, list[int]] = field(default_factory=dict)  # quota usage it changed
 
     def _counted(self, file_type: int, n: int) -> None:
         self.delta[file_type] = self.delta.get(file_type, 0) + n

@@ -211,7 +211,10 @@ class OpRunner:
             self.gc_queued(list(last[0].gc_queued))
 
     def count(self, op: OpContext) -> None:
-        """Apply the inode count changes of a committed operation (memory counts only)."""
+        """Apply the inode count and quota usage changes of a committed operation (memory
+        counts only)."""
+        if op.quota_added and self.env.quota_cache is not None:
+            self.env.quota_cache.applied(op.quota_added)
         if op.delta and not self.engine.shared:
             with self._counts_lock:
                 for file_type, n in op.delta.items():

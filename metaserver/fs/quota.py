@@ -12,8 +12,10 @@ Usage (bytes, inodes) lives in :data:`SHARDS` counter records per quota
 adds its change to one shard in its own commit, so usage is exact and
 durable with the operation, and two creates in one quota conflict only when
 they pick the same shard. A limit is checked against the sum of the shards,
-read by one range scan that an optimistic transaction does not track; within
-the last quarter of a limit the shards are read again one by one, tracked,
+read as committed (from the store by a read that an optimistic transaction
+does not track, or from the usage a metaserver that owns its store keeps in
+memory: :class:`UsageCache`), with the operation's own changes; within the last quarter of a limit the shards are read again one by
+one through the transaction (its own changes included), tracked,
 so that operations racing one another there conflict and retry: none can
 pass a limit because another did not see it.
 
@@ -33,6 +35,8 @@ file are always in one realm.
 from __future__ import annotations
 
 import struct
+import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,6 +54,8 @@ USAGE_FORMAT = struct.Struct("<qq")  # a usage shard: bytes, inodes
 OPEN_SHARE = 16  # ... divided by this, so many concurrent opens never take it all
 #: within the last 1/NEAR of a limit its usage is read so that racing changes conflict
 NEAR = 4
+#: seconds a metaserver trusts the quota usage it keeps in memory before it reads it again
+USAGE_TTL = 5.0
 #: a reservation past what is asked grows with the file, up to this much
 MAX_AHEAD = 256 << 20
 
@@ -75,6 +81,47 @@ def decode(directory: int, raw: bytes) -> Quota:
     max_bytes, max_inodes, parent = _RECORD.unpack_from(raw)
     path = raw[_RECORD.size :].decode("utf-8", "surrogateescape")
     return Quota(directory, max_bytes, max_inodes, parent, path)
+
+
+class UsageCache:
+    """Each quota's committed usage, kept by a metaserver that owns its store (as it keeps its
+    inode counts): read from the store when first needed, then moved by the changes of every
+    operation it commits, and read again after :data:`USAGE_TTL` seconds (so that a repair by
+    ``emberfs fsck`` shows). Like a read of the store, it lags the operations in flight."""
+
+    def __init__(self, ttl: float | None = None) -> None:
+        self._ttl = USAGE_TTL if ttl is None else ttl
+        self._lock = threading.Lock()
+        self._entries: dict[int, tuple[list[int], float]] = {}
+
+    def get(self, directory: int) -> tuple[int, int] | None:
+        with self._lock:
+            entry = self._entries.get(directory)
+            if entry is None or time.monotonic() - entry[1] > self._ttl:
+                return None
+            return entry[0][0], entry[0][1]
+
+    def put(self, directory: int, used: tuple[int, int]) -> None:
+        with self._lock:
+            self._entries[directory] = ([used[0], used[1]], time.monotonic())
+
+    def applied(self, added: dict[int, list[int]]) -> None:
+        """A committed operation changed these quotas' usage."""
+        with self._lock:
+            for directory, (d_bytes, d_inodes) in added.items():
+                entry = self._entries.get(directory)
+                if entry is not None:
+                    entry[0][0] += d_bytes
+                    entry[0][1] += d_inodes
+
+    def forget(self, directory: int) -> None:
+        with self._lock:
+            self._entries.pop(directory, None)
+
+
+def _uncache(op: OpContext, directory: int) -> None:
+    if op.env.quota_cache is not None:
+        op.env.quota_cache.forget(directory)
 
 
 def realm_below(attr: common_pb2.InodeAttr) -> int:
@@ -105,6 +152,28 @@ def usage(op: OpContext, directory: int, tracked: bool = False) -> tuple[int, in
     return add_up(raw for _, raw in op.txn.scan_prefix(keys.quota_usage_prefix(directory)))
 
 
+def seen_usage(op: OpContext, directory: int) -> tuple[int, int]:
+    """:func:`usage` as committed, read once per operation, with the operation's own changes.
+
+    Where this metaserver owns the store, from its :class:`UsageCache`; else from the store
+    itself, by a read that the transaction does not track (and that does not merge its writes).
+    """
+    seen = op.quota_seen.get(directory)
+    if seen is None:
+        cache = op.env.quota_cache
+        seen = None if cache is None else cache.get(directory)
+        if seen is None:
+            raws = op.txn.engine.get_many(
+                [keys.quota_usage_key(directory, s) for s in range(SHARDS)]
+            )
+            seen = add_up(raw for raw in raws if raw is not None)
+            if cache is not None:
+                cache.put(directory, seen)
+        op.quota_seen[directory] = seen
+    added = op.quota_added.get(directory, (0, 0))
+    return seen[0] + added[0], seen[1] + added[1]
+
+
 def add_up(shards) -> tuple[int, int]:
     """The (bytes, inodes) that stored usage shards add up to."""
     total_bytes = total_inodes = 0
@@ -116,6 +185,9 @@ def add_up(shards) -> tuple[int, int]:
 
 
 def _add(op: OpContext, directory: int, d_bytes: int, d_inodes: int) -> None:
+    added = op.quota_added.setdefault(directory, [0, 0])
+    added[0] += d_bytes
+    added[1] += d_inodes
     key = keys.quota_usage_key(directory, op.shard % SHARDS)
     raw = op.txn.get(key)
     b, i = (0, 0) if raw is None else USAGE_FORMAT.unpack(raw)
@@ -144,7 +216,7 @@ def room(op: OpContext, quotas: list[Quota]) -> tuple[int | None, int | None]:
     for q in quotas:
         if not (q.max_bytes or q.max_inodes):
             continue
-        used_bytes, used_inodes = usage(op, q.directory)
+        used_bytes, used_inodes = seen_usage(op, q.directory)
         if _near(q.max_bytes, used_bytes) or _near(q.max_inodes, used_inodes):
             used_bytes, used_inodes = usage(op, q.directory, tracked=True)
         if q.max_bytes:
@@ -165,7 +237,10 @@ def charge(
 ) -> None:
     """Add usage to every quota over ``realm`` (up to ``stop``); QuotaExceeded (EDQUOT) when
     ``check`` and a growth would pass a limit."""
-    quotas = chain(op, realm, stop)
+    _charge(op, chain(op, realm, stop), d_bytes, d_inodes, check=check)
+
+
+def _charge(op: OpContext, quotas: list[Quota], d_bytes: int, d_inodes: int, *, check: bool):
     if check and (d_bytes > 0 or d_inodes > 0):
         free_bytes, free_inodes = room(op, quotas)
         if d_bytes > 0 and free_bytes is not None and d_bytes > free_bytes:
@@ -185,11 +260,14 @@ def _over(op: OpContext, quotas: list[Quota], what: str) -> str:
     return what
 
 
-def inserted(op: OpContext, parent: common_pb2.InodeAttr, attr: common_pb2.InodeAttr) -> None:
-    """A new inode in directory ``parent``: it joins the parent's realm (one more inode)."""
+def inserted(
+    op: OpContext, parent: common_pb2.InodeAttr, attr: common_pb2.InodeAttr, count: bool = True
+) -> None:
+    """A new inode in directory ``parent``: it joins the parent's realm (one more inode, unless
+    the caller counts it itself: a write open, :func:`opened`)."""
     realm = realm_below(parent)
     attr.quota_realm = realm
-    if realm:
+    if realm and count:
         charge(op, realm, 0, 1)
 
 
@@ -212,6 +290,7 @@ def dropped(op: OpContext, attr: common_pb2.InodeAttr) -> None:
 
 def forget(op: OpContext, attr: common_pb2.InodeAttr) -> None:
     """Delete the quota record and usage of directory ``attr``."""
+    _uncache(op, attr.inode)
     op.txn.delete(keys.quota_key(attr.inode))
     for key, _ in list(op.txn.scan_prefix(keys.quota_usage_prefix(attr.inode))):
         op.txn.delete(key)
@@ -220,6 +299,7 @@ def forget(op: OpContext, attr: common_pb2.InodeAttr) -> None:
 
 def set_usage(op: OpContext, directory: int, used_bytes: int, used_inodes: int) -> None:
     """Start a quota's usage at a count (its first shard)."""
+    _uncache(op, directory)
     op.txn.put(keys.quota_usage_key(directory, 0), USAGE_FORMAT.pack(used_bytes, used_inodes))
 
 
@@ -252,19 +332,25 @@ def grant(op: OpContext, attr: common_pb2.InodeAttr, end: int) -> None:
     recharge(op, attr, end + max(ahead, 0), check=False)
 
 
-def opened(op: OpContext, attr: common_pb2.InodeAttr, reserve: int | None = None) -> None:
+def opened(
+    op: OpContext, attr: common_pb2.InodeAttr, reserve: int | None = None, created: bool = False
+) -> None:
     """A write open: reserve ``reserve`` bytes past the length (checked), or, when None, a
-    share of the room left, at most one chunk, so most small files need no reservation call."""
+    share of the room left, at most one chunk, so most small files need no reservation call.
+    ``created``: the open made the file, whose inode is counted here (one charge for both)."""
     if not attr.quota_realm:
         return
+    quotas = chain(op, attr.quota_realm)
     if reserve is not None:
-        recharge(op, attr, max(attr.quota_charged, attr.size + reserve), check=True)
-        return
-    free_bytes, _ = room(op, chain(op, attr.quota_realm))
-    ahead = attr.layout.chunk_size
-    if free_bytes is not None:
-        ahead = min(ahead, max(free_bytes, 0) // OPEN_SHARE)
-    recharge(op, attr, max(attr.quota_charged, attr.size + ahead), check=False)
+        charged = max(attr.quota_charged, attr.size + reserve)
+    else:
+        free_bytes, _ = room(op, quotas)
+        ahead = attr.layout.chunk_size
+        if free_bytes is not None:
+            ahead = min(ahead, max(free_bytes, 0) // OPEN_SHARE)
+        charged = max(attr.quota_charged, attr.size + ahead)
+    _charge(op, quotas, charged - attr.quota_charged, int(created), check=True)
+    attr.quota_charged = charged
 
 
 def settled(op: OpContext, attr: common_pb2.InodeAttr, others: bool) -> None:

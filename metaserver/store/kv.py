@@ -111,6 +111,10 @@ class KVEngine(ABC):
     @abstractmethod
     def get(self, key: bytes) -> bytes | None: ...
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None where absent), read together where the engine can."""
+        return [self.get(k) for k in keys]
+
     @abstractmethod
     def scan(
         self, start: bytes, end: bytes | None, limit: int | None = None
@@ -521,6 +525,9 @@ class RocksEngine(LocalEngine):
 
     def get(self, key: bytes) -> bytes | None:
         return self.db.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self.db.get(keys)  # one MultiGet
 
     def scan(self, start, end, limit=None):
         # Bounded at ``end``: otherwise the iterator's last step walks over every

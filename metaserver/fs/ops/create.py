@@ -26,12 +26,14 @@ def insert(
     name: str,
     file_type: int,
     mode: int,
+    count_quota: bool = True,
 ) -> common_pb2.InodeAttr:
     """Create a new inode of ``file_type`` as entry ``name`` of ``parents[-1]``.
 
     The caller has checked that the entry does not exist. Files get their
     layout here (which may raise Unavailable); the caller fills in anything
     else (directory layout, symlink target) before the inode is stored.
+    ``count_quota`` False: the caller counts the new inode in its quotas itself.
     """
     parent = parents[-1]
     access.check(parent, op.creds, access.WRITE | access.SEARCH, name)
@@ -40,7 +42,7 @@ def insert(
     if mode == 0:
         mode = DEFAULT_DIR_MODE if file_type == common_pb2.DIRECTORY else DEFAULT_FILE_MODE
     attr = op.new_inode(file_type, mode)
-    quota.inserted(op, parent, attr)
+    quota.inserted(op, parent, attr, count_quota)
     if parent.mode & stat.S_ISGID:
         attr.gid = parent.gid
         if file_type == common_pb2.DIRECTORY:
@@ -57,7 +59,7 @@ def insert(
 
 
 def create_file(
-    op: OpContext, path: str, mode: int, exclusive: bool
+    op: OpContext, path: str, mode: int, exclusive: bool, count_quota: bool = True
 ) -> tuple[common_pb2.InodeAttr, bool]:
     """The file at ``path``, created when missing: (attr, created).
 
@@ -76,7 +78,7 @@ def create_file(
             raise IsADirectory(f"is a directory: {path}")
         return found.attr, False
     name = found.require_entry(path)
-    attr = insert(op, found.parents, name, common_pb2.FILE, mode)
+    attr = insert(op, found.parents, name, common_pb2.FILE, mode, count_quota)
     op.put_inode(attr)
     return attr, True
 

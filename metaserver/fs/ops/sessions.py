@@ -83,7 +83,7 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
     created = False
     if flags & meta_pb2.OPEN_CREATE:
         attr, created = create.create_file(
-            op, req.path, req.mode, bool(flags & meta_pb2.OPEN_EXCLUSIVE)
+            op, req.path, req.mode, bool(flags & meta_pb2.OPEN_EXCLUSIVE), count_quota=not write
         )
     else:
         attr = lookup.resolve(op, req.path, follow=True).require(req.path)
@@ -103,7 +103,7 @@ def open_file(op: OpContext, req: meta_pb2.OpenRequest) -> meta_pb2.OpenResponse
         quota.settled(op, attr, others=attr.writers > 0)
     elif not created:
         op.before_growth(attr.inode)  # its writes must not land before a pending cut
-    quota.opened(op, attr, req.reserve if req.HasField("reserve") else None)
+    quota.opened(op, attr, req.reserve if req.HasField("reserve") else None, created)
     session_id = op.add_session(attr.inode)
     dataversion.writer_opened(attr, op.now)  # readers' caches step aside until it ends
     op.put_inode(attr)

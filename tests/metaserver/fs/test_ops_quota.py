@@ -315,3 +315,20 @@ def test_usage_follows_random_operations_exactly(ns):
             assert quota(ns, q) == truth(ns, q), (step, kind, q)
     # the run went through every kind of outcome
     assert {"ok", "QuotaExceeded", "CrossDevice"} <= set(outcomes), outcomes
+
+
+def test_a_quota_set_again_counts_afresh(ns):
+    # the usage a metaserver keeps in memory must not outlive the quota it was of
+    mkdir(ns, "/x")
+    set_quota(ns, "/x", max_inodes=3)
+    write(ns, "/x/a", 0)
+    write(ns, "/x/b", 0)
+    ns.quota_remove(meta_pb2.QuotaRemoveRequest(ctx=ROOT, path="/x"))
+    for i in range(5):
+        write(ns, f"/x/c{i}", 0)
+    set_quota(ns, "/x", max_inodes=10)
+    for i in range(3):
+        write(ns, f"/x/d{i}", 0)
+    with pytest.raises(errors.QuotaExceeded):
+        write(ns, "/x/e", 0)
+    assert quota(ns, "/x") == (0, 10)
