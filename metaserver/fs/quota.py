@@ -326,7 +326,7 @@ def grant(op: OpContext, attr: common_pb2.InodeAttr, end: int) -> None:
         raise QuotaExceeded(
             f"disk quota exceeded: {_over(op, chain(op, attr.quota_realm), 'bytes')}"
         )
-    ahead = min(max(attr.layout.chunk_size, end // 4), MAX_AHEAD)
+    ahead = min(max(attr.layout.chunk_size, end), MAX_AHEAD)  # the file doubles, at most
     if free_bytes is not None:
         ahead = min(ahead, (free_bytes - need) // 2)
     recharge(op, attr, end + max(ahead, 0), check=False)
