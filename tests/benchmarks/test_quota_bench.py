@@ -28,8 +28,11 @@ def test_quota_bench_smoke(tmp_path):
     result = json.loads(out.read_text())
     for phase in ("create", "small_files", "pipe", "write"):
         got = result[phase]
-        assert len(got["plain"]) == len(got["quota"]) == len(got["ratio"]) == 2
-        assert all(r > 0 for r in got["plain"] + got["quota"])
-        assert got["median_ratio"] > 0
+        assert len(got["plain"]) == len(got["quota"]) == len(got["plain2"]) == 2
+        assert len(got["ratio"]) == len(got["control_ratio"]) == 2
+        assert all(r > 0 for r in got["plain"] + got["quota"] + got["plain2"])
+        assert got["median_ratio"] > 0 and got["median_control_ratio"] > 0
+        # the metaserver worked for every item of every directory
+        assert all(us > 0 for us in got["meta_us"]["quota"] + got["meta_us"]["plain"])
     usage = result["quota_usage"]
     assert usage["exact"] and usage["used_inodes"] == usage["expected_inodes"] > 0
