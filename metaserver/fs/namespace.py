@@ -291,8 +291,9 @@ class Namespace:
         return self.runner.run(quotas.remove_quota, req, "QuotaRemove")
 
     def quota_reserve(self, req: meta_pb2.QuotaReserveRequest) -> meta_pb2.QuotaReserveResponse:
-        """Reserve room in a file's quotas for its writer."""
-        return self.runner.run(quotas.reserve, req, "QuotaReserve")
+        """Reserve room in a file's quotas for its writer, without waiting for the WAL sync
+        (:func:`~emberfs.metaserver.fs.ops.quotas.reserve` says why that is safe)."""
+        return self.runner.run(quotas.reserve, req, "QuotaReserve", sync=False)
 
     # read-only calls --------------------------------------------------------
 

@@ -166,7 +166,13 @@ def remove_quota(op: OpContext, req: meta_pb2.QuotaRemoveRequest) -> meta_pb2.Qu
 
 
 def reserve(op: OpContext, req: meta_pb2.QuotaReserveRequest) -> meta_pb2.QuotaReserveResponse:
-    """Reserve room in the file's quotas for its write session's writes up to ``end``."""
+    """Reserve room in the file's quotas for its write session's writes up to ``end``.
+
+    Its commit does not wait for the WAL sync (a write in flight would wait on the disk's
+    flush): a reservation is a promise to one writer, whose bytes count with its Sync or
+    Close, which are synced and check the limits again past what is reserved. A crash of the
+    machine that loses it loses the usage and the file's charge together (one transaction).
+    """
     sessions.validate_length(req.end)
     attr = sessions.session_file(op, req.inode, req.session_id)
     quota.grant(op, attr, req.end)
