@@ -12,7 +12,7 @@ Holes are ``(start, end)`` pairs, sorted, disjoint, not touching, within the siz
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 Hole = tuple[int, int]
 
@@ -51,6 +51,19 @@ def data_end(holes: Sequence[Hole], size: int, start: int, end: int) -> int:
             return start  # [start, end) lies in this hole
         end = s
     return end
+
+
+def data_chunks(holes: Sequence[Hole], size: int, chunk_size: int) -> Iterator[int]:
+    """The indices of the chunks that hold some data of a file, in order (a sparse file of
+    petabytes that holds a few bytes has a few)."""
+    last = -1
+    start = 0
+    for s, e in [*holes, (size, size)]:
+        if s > start:  # [start, s) is data
+            first = max(start // chunk_size, last + 1)
+            last = (s - 1) // chunk_size
+            yield from range(first, last + 1)
+        start = max(start, e)
 
 
 def holes_of(attr) -> list[Hole]:

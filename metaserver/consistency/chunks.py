@@ -158,8 +158,8 @@ class ChunkCheck:
         layout, size = attr.layout, attr.size
         if not layout.chunk_size or not layout.chains:
             return
-        count = -(-size // layout.chunk_size)
-        for index in sorted(set(range(count)) | set(chunks)):
+        data = extents.data_chunks(extents.holes_of(attr), size, layout.chunk_size)
+        for index in sorted(set(data) | set(chunks)):
             chain = self.routing.chains.get(chunk_chain(list(layout.chains), index))
             if chain is None:
                 continue

@@ -209,6 +209,21 @@ def test_a_busy_cluster_checks_clean(private_cluster):
     assert rc == 0 and report["summary"]["files"] >= 1, report
 
 
+def test_a_sparse_petabyte_file_is_checked_by_its_data_chunks(private_cluster):
+    c = quiet_cluster(private_cluster)
+    fs = EmberFileSystem(c.meta_address, skip_instance_cache=True)
+    try:
+        data = os.urandom(100_000)
+        fs.pipe_file("/sparse.bin", data)
+        fs.truncate("/sparse.bin", 1 << 50)  # one chunk of data, the rest a hole
+        rc, report = fsck(c, "--repair", token=TOKEN)
+        assert rc == 0 and report["summary"]["chunks"] == 1, report
+        with fs.open("/sparse.bin", "rb") as f:
+            assert f.read(len(data)) == data
+    finally:
+        fs.close()
+
+
 def test_a_quota_usage_damaged_is_found_and_recounted(private_cluster):
     from emberfs.metaserver.fs import quota
 
