@@ -11,13 +11,13 @@ Usage (bytes, inodes) lives in :data:`SHARDS` counter records per quota
 (``QUSE``), like the stored inode counts (:mod:`.inodecounts`): an operation
 adds its change to one shard in its own commit, so usage is exact and
 durable with the operation, and two creates in one quota conflict only when
-they pick the same shard. A limit is checked against the sum of the shards,
-read as committed (from the store by a read that an optimistic transaction
-does not track, or from the usage a metaserver that owns its store keeps in
-memory: :class:`UsageCache`), with the operation's own changes; within the last quarter of a limit the shards are read again one by
-one through the transaction (its own changes included), tracked,
-so that operations racing one another there conflict and retry: none can
-pass a limit because another did not see it.
+they pick the same shard. A limit is checked against the sum of the shards
+as committed (read from the store by a read that an optimistic transaction
+does not track, or kept in memory by a metaserver that owns its store:
+:class:`UsageCache`), with the operation's own changes added. Within the last
+quarter of a limit the shards are read again one by one through the
+transaction, tracked, so that operations racing one another there conflict
+and retry: none can pass a limit because another did not see it.
 
 Bytes are the lengths of regular files, or more while a write session holds
 space it reserved (``quota_charged``, :func:`grant`): a writer reserves
