@@ -370,11 +370,10 @@ def moved(op: OpContext, attr: common_pb2.InodeAttr, realm: int, what: str) -> N
     old = [q.directory for q in chain(op, attr.quota_realm)]
     new = [q.directory for q in chain(op, realm)]
     common = next((d for d in old if d in new), 0)
-    charged = attr.size if attr.type == common_pb2.FILE else 0
     if attr.quota_realm:
         charge(op, attr.quota_realm, -attr.quota_charged, -1, check=False, stop=common)
     attr.quota_realm = realm
-    attr.quota_charged = charged if realm else 0
+    attr.quota_charged = file_bytes(attr) if realm else 0
     if realm:
         charge(op, realm, attr.quota_charged, 1, stop=common)
 

@@ -8,19 +8,13 @@ import errno
 import grpc
 import pytest
 
-from emberfs.common import errors
 from emberfs.proto import common_pb2, meta_pb2, meta_pb2_grpc
 from tests.metaserver.test_main import Nodes, any_metaserver  # noqa: F401 - a fixture
+from tests.metaserver.test_xattrs_process import refusal
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
 WRITE = meta_pb2.OPEN_WRITE | meta_pb2.OPEN_CREATE
-
-
-def refusal(call) -> tuple[grpc.StatusCode, int]:
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    return info.value.code(), errors.errno_of(info.value)
 
 
 def test_quota_statuses_and_usage_survive_kill_9(any_metaserver):  # noqa: F811
